@@ -1,0 +1,72 @@
+"""The one exception tree of hail-guard.
+
+    HailGuardError
+    ├── ConfigError            bad settings: fix the config file or the environment
+    ├── LedgerError            the ledger cannot be read or written
+    │   ├── LedgerUnavailable      cannot open, locked past the busy timeout, disk full, read-only
+    │   ├── SchemaTooNew           the ledger was migrated by a newer hail-guard
+    │   └── LeaseLost              a fenced write lost its lease: another worker owns the operation
+    ├── UpstreamError          talking to Hail went wrong
+    │   ├── UpstreamUnavailable    nothing was sent: could not connect
+    │   └── UpstreamLost           the request may have left: timeout, dropped connection
+    ├── RefusedByPolicy        the request is refused before anything is recorded
+    │   └── KeyConflict            an existing key with a different request
+    └── NotFound               no such operation
+
+Every boundary (ledger backends, the upstream client) maps foreign exceptions into this tree in
+one place. Only the server turns these errors into MCP results.
+"""
+
+from __future__ import annotations
+
+
+class HailGuardError(Exception):
+    """Root of every error hail-guard raises on purpose."""
+
+
+class ConfigError(HailGuardError):
+    """The configuration cannot be used as given."""
+
+
+class LedgerError(HailGuardError):
+    """The ledger could not do what was asked."""
+
+
+class LedgerUnavailable(LedgerError):
+    """The ledger cannot be opened or written right now; nothing was recorded."""
+
+
+class SchemaTooNew(LedgerError):
+    """The ledger's schema is newer than this version of hail-guard knows."""
+
+
+class LeaseLost(LedgerError):
+    """A fenced write found that another worker took the operation over."""
+
+
+class UpstreamError(HailGuardError):
+    """Talking to the upstream (Hail) failed."""
+
+
+class UpstreamUnavailable(UpstreamError):
+    """The upstream could not be reached; the request was not sent."""
+
+
+class UpstreamLost(UpstreamError):
+    """The request was sent (or may have been) but no answer came back."""
+
+
+class RefusedByPolicy(HailGuardError):
+    """The request is refused before anything is recorded; the key stays free."""
+
+
+class KeyConflict(RefusedByPolicy):
+    """An existing idempotency key was used with a different request."""
+
+    def __init__(self, message: str, *, differing_fields: list[str]) -> None:
+        super().__init__(message)
+        self.differing_fields = differing_fields
+
+
+class NotFound(HailGuardError):
+    """No operation matches what was asked for."""

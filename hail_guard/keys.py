@@ -1,0 +1,161 @@
+"""Canonical JSON, fingerprints and idempotency keys.
+
+`canonical_json` is the one function that turns arguments into bytes: the same text is hashed
+for fingerprints, stored in the ledger and forwarded to Hail, so a replay is byte-identical.
+
+Key derivation (DESIGN.md, keys), in order:
+1. the caller's own `idempotency_key`, validated;
+2. the configured template, when one is set (a template that cannot be filled is refused);
+3. `campaign_id:lead_id:channel:message_id` when `metadata` carries all three;
+4. a content key `hg:<channel>:<hash>` over the canonical request, so a plain repeat is the same
+   operation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import string
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hail_guard.errors import ConfigError, RefusedByPolicy
+
+KEY_FIELD = "idempotency_key"
+MAX_KEY_LENGTH = 255
+METADATA_KEY_FIELDS = ("campaign_id", "lead_id", "message_id")
+"""Fields that do not change what a recipient receives: left out of the content fingerprint."""
+_NOT_CONTENT = frozenset({KEY_FIELD, "metadata", "allow_duplicate"})
+_CHANNELS = {"send_email": "email", "send_sms": "sms", "place_call": "call"}
+_PLACEHOLDER = re.compile(r"^(channel|tool|metadata\.[A-Za-z0-9_]+|[A-Za-z_][A-Za-z0-9_]*)$")
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no insignificant whitespace, UTF-8 kept; NaN and infinities refused."""
+    _refuse_non_finite(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _refuse_non_finite(value: Any) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RefusedByPolicy(f"{value!r} is not a JSON number; send a finite number or a string")
+    if isinstance(value, Mapping):
+        for item in value.values():
+            _refuse_non_finite(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _refuse_non_finite(item)
+
+
+def fingerprint(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def channel_of(tool: str) -> str:
+    """Hail scopes keys per organisation, so keys carry the channel."""
+    return _CHANNELS.get(tool, tool)
+
+
+def recipients_of(arguments: Mapping[str, Any]) -> tuple[str, ...]:
+    to = arguments.get("to")
+    if isinstance(to, str):
+        return (to,)
+    if isinstance(to, list):
+        return tuple(str(item) for item in to)
+    return ()
+
+
+def content_fingerprint(tool: str, arguments: Mapping[str, Any]) -> str:
+    """What the recipient receives, whatever key or metadata came with it."""
+    content = {name: value for name, value in arguments.items() if name not in _NOT_CONTENT}
+    return fingerprint(canonical_json({"tool": tool, "content": content}))
+
+
+def validate_key(key: object) -> str:
+    if not isinstance(key, str) or not key.strip():
+        raise RefusedByPolicy(f"{KEY_FIELD} must be a non-empty string; omit it to let hail-guard derive one")
+    if len(key) > MAX_KEY_LENGTH:
+        raise RefusedByPolicy(f"{KEY_FIELD} is {len(key)} characters long; the limit is {MAX_KEY_LENGTH}")
+    if not key.isprintable() or any(ch.isspace() for ch in key):
+        raise RefusedByPolicy(f"{KEY_FIELD} must be printable with no whitespace: {key!r}")
+    return key
+
+
+def template_fields(template: str) -> list[str]:
+    """The placeholders of a key template, refusing ones we cannot fill."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise ConfigError(f"key_template {template!r} is not a valid template: {exc}") from exc
+    if not names:
+        raise ConfigError(f"key_template {template!r} has no placeholders: every send would share one key")
+    for name in names:
+        if not _PLACEHOLDER.match(name):
+            raise ConfigError(
+                f"key_template placeholder {{{name}}} is not supported; use {{channel}}, {{tool}}, "
+                "{metadata.NAME} or a top-level argument name"
+            )
+    return names
+
+
+def derive_key(tool: str, arguments: Mapping[str, Any], template: str | None = None) -> str:
+    """The idempotency key for these arguments (see the module docstring for the order)."""
+    if KEY_FIELD in arguments:
+        return validate_key(arguments[KEY_FIELD])
+    channel = channel_of(tool)
+    if template is not None:
+        return validate_key(_fill(template, tool, channel, arguments))
+    metadata = arguments.get("metadata")
+    if isinstance(metadata, Mapping) and all(_usable(metadata.get(f)) for f in METADATA_KEY_FIELDS):
+        campaign, lead, message = (str(metadata[f]) for f in METADATA_KEY_FIELDS)
+        return validate_key(f"{campaign}:{lead}:{channel}:{message}")
+    return f"hg:{channel}:{fingerprint(canonical_json(dict(arguments)))[:32]}"
+
+
+def _usable(value: object) -> bool:
+    return isinstance(value, str | int) and not isinstance(value, bool) and str(value).strip() != ""
+
+
+def _fill(template: str, tool: str, channel: str, arguments: Mapping[str, Any]) -> str:
+    values: dict[str, str] = {}
+    missing: list[str] = []
+    for name in template_fields(template):
+        value = _lookup(name, tool, channel, arguments)
+        if value is None:
+            missing.append(name)
+        else:
+            values[name] = value
+    if missing:
+        raise RefusedByPolicy(
+            f"the key template {template!r} cannot be filled: missing {_names(missing)}; "
+            f"add them to the arguments or pass {KEY_FIELD} yourself"
+        )
+    return _substitute(template, values)
+
+
+def _lookup(name: str, tool: str, channel: str, arguments: Mapping[str, Any]) -> str | None:
+    if name == "channel":
+        return channel
+    if name == "tool":
+        return tool
+    if name.startswith("metadata."):
+        metadata = arguments.get("metadata")
+        value = metadata.get(name.removeprefix("metadata.")) if isinstance(metadata, Mapping) else None
+    else:
+        value = arguments.get(name)
+    return str(value) if _usable(value) else None
+
+
+def _substitute(template: str, values: Mapping[str, str]) -> str:
+    parts = []
+    for literal, name, _, _ in string.Formatter().parse(template):
+        parts.append(literal)
+        if name is not None:
+            parts.append(values[name])
+    return "".join(parts)
+
+
+def _names(names: Iterable[str]) -> str:
+    return ", ".join(sorted(names))

@@ -1,0 +1,88 @@
+"""The ledger: the durable record of every intended send and what is known of it.
+
+`Ledger` is a small protocol of domain operations; each backend owns its SQL, migrations and
+error mapping. `open_ledger` picks the backend from a URL:
+
+- `sqlite:///path/to/ledger.db` (or a plain path): one host, the default;
+- `postgresql://...`: several hosts (a later backend).
+
+Leases and deadlines use the database's clock, so several processes agree on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from hail_guard.errors import ConfigError
+from hail_guard.models import Event, Intent, Operation, Outcome, State
+
+
+@dataclass(frozen=True)
+class Begin:
+    """What `begin_send` found: either a claim to forward, or an existing operation to answer from."""
+
+    operation: Operation
+    claimed: bool
+    """True: `sending` is committed under our lease and the request must now be forwarded."""
+
+
+class Ledger(Protocol):
+    async def now(self) -> datetime:
+        """The database's clock."""
+
+    async def begin_send(self, intent: Intent, *, owner: str, lease_seconds: float) -> Begin:
+        """Record the intent as `sending` under a lease, atomically with the key lookup.
+
+        An existing `ready` operation with the same request is claimed; any other existing
+        operation is returned unclaimed for the caller to answer from.
+        """
+
+    async def record_outcome(
+        self, operation_id: str, *, owner: str, outcome: Outcome, actor: str
+    ) -> Operation:
+        """Fenced: only the holder of the current claim (`owner`) may record; else `LeaseLost`."""
+
+    async def claim_unknown(
+        self, *, owner: str, lease_seconds: float, operation_id: str | None = None, limit: int = 100
+    ) -> list[Operation]:
+        """Claim `unknown` operations for reconcile: one by id, or every one that is due."""
+
+    async def get(self, operation_id: str) -> Operation:
+        """The operation, or `NotFound`."""
+
+    async def find_by_key(self, idempotency_key: str) -> Operation | None: ...
+
+    async def list_operations(
+        self, *, state: State | None = None, campaign_id: str | None = None, limit: int = 100
+    ) -> list[Operation]: ...
+
+    async def events(self, operation_id: str) -> list[Event]: ...
+
+    async def expire_leases(self) -> int:
+        """Turn every `sending` operation whose lease has run out into `unknown`."""
+
+    async def aclose(self) -> None: ...
+
+
+@asynccontextmanager
+async def open_ledger(url: str, *, busy_timeout_seconds: float = 5.0) -> AsyncIterator[Ledger]:
+    """Open (creating and migrating) the ledger named by `url`."""
+    if url.startswith(("postgres://", "postgresql://")):
+        raise ConfigError("the PostgreSQL ledger is not available in this version; use a sqlite:/// URL")
+    from hail_guard.ledger.sqlite import open_sqlite_ledger
+
+    async with open_sqlite_ledger(sqlite_path(url), busy_timeout_seconds=busy_timeout_seconds) as ledger:
+        yield ledger
+
+
+def sqlite_path(url: str) -> str:
+    """The file path in `sqlite:///relative` / `sqlite:////absolute` / a plain path."""
+    if url.startswith("sqlite:///"):
+        return url.removeprefix("sqlite:///")
+    if "://" in url:
+        raise ConfigError(f"unsupported ledger URL scheme in {url.split('://')[0]}://...; use sqlite:///PATH")
+    return url

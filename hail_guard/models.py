@@ -1,0 +1,140 @@
+"""Operations, their states and events, and what an upstream answer means.
+
+An operation is one logical send with one idempotency key for its whole life. Its state moves
+along the machine in DESIGN.md; every move is an `Event`. `Answer` is what Hail said, sorted into
+an `AnswerKind`; `Outcome` is what the ledger records because of it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class State(StrEnum):
+    PLANNED = "planned"
+    READY = "ready"
+    SENDING = "sending"
+    ACCEPTED = "accepted"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    NEEDS_REVIEW = "needs_review"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATES = frozenset({State.ACCEPTED, State.FAILED, State.CANCELLED})
+UNRESOLVED_STATES = frozenset({State.SENDING, State.UNKNOWN, State.NEEDS_REVIEW})
+
+
+class Intent(BaseModel):
+    """A send the guard wants recorded before anything is forwarded."""
+
+    model_config = ConfigDict(frozen=True)
+
+    idempotency_key: str
+    tool: str
+    channel: str
+    recipients: tuple[str, ...]
+    request: str
+    """Canonical JSON of the arguments exactly as forwarded (the key included)."""
+    request_fingerprint: str
+    content_fingerprint: str
+    campaign_id: str | None = None
+    lead_id: str | None = None
+    message_id: str | None = None
+    batch_id: str | None = None
+
+
+class Operation(BaseModel):
+    """One row of the ledger."""
+
+    id: str
+    idempotency_key: str
+    tool: str
+    channel: str
+    recipients: list[str]
+    request: str
+    request_fingerprint: str
+    content_fingerprint: str
+    campaign_id: str | None = None
+    lead_id: str | None = None
+    message_id: str | None = None
+    batch_id: str | None = None
+    state: State
+    provider_id: str | None = None
+    result: dict[str, Any] | None = None
+    last_error: str | None = None
+    review_reason: str | None = None
+    attempts: int = 0
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    not_before: datetime | None = None
+    next_check_at: datetime | None = None
+    created_at: datetime
+    updated_at: datetime
+    first_sent_at: datetime | None = None
+
+    def arguments(self) -> dict[str, Any]:
+        """The stored request, as the arguments that were (or will be) forwarded."""
+        value: dict[str, Any] = json.loads(self.request)
+        return value
+
+
+class Event(BaseModel):
+    """One transition in an operation's history."""
+
+    operation_id: str
+    at: datetime
+    from_state: State | None
+    to_state: State
+    actor: str
+    reason: str
+
+
+class AnswerKind(StrEnum):
+    """What an upstream answer means for the send (DESIGN.md, classification)."""
+
+    ACCEPTED = "accepted"
+    """A record with an id: Hail took the request."""
+    REFUSED = "refused"
+    """A definitive refusal that Hail saved under the key (consent, validation, credit...)."""
+    STILL_PROCESSING = "still_processing"
+    KEY_CONFLICT = "key_conflict"
+    RETRY_LATER = "retry_later"
+    """Nothing was saved upstream (rate limit, auth, released call key): the same key is safe later."""
+    GATEWAY_ERROR = "gateway_error"
+    """A 5xx that may hide a saved failure or a lost success."""
+    LOST = "lost"
+    """No usable answer: timeout, cancel, dropped connection, isError, malformed."""
+    MISREAD_SUCCESS = "misread_success"
+    """A validation-shaped error naming a field that is not in the request."""
+    UNRECOGNISED = "unrecognised"
+
+
+class Answer(BaseModel):
+    """An upstream answer, sorted."""
+
+    kind: AnswerKind
+    result: dict[str, Any] | None = None
+    provider_id: str | None = None
+    error: str | None = None
+    retry_after_seconds: float | None = None
+
+
+class Outcome(BaseModel):
+    """What the ledger records after an attempt."""
+
+    state: State
+    reason: str
+    provider_id: str | None = None
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    not_before_seconds: float | None = None
+    """For `ready`: wait this long before the next attempt."""
+    check_after_seconds: float | None = None
+    """For `unknown`: reconcile again no sooner than this."""
+    review_reason: str | None = None

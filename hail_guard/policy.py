@@ -1,0 +1,285 @@
+"""Pure decisions: what Hail's answer means, what state follows, what is refused up front.
+
+Every text Hail is known to answer is matched here, in `_ERROR_PATTERNS`, and nowhere else
+(DESIGN.md, classification; HAIL_CONTRACT.md, how failures read). No I/O in this module.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+import jsonschema
+
+from hail_guard.errors import RefusedByPolicy
+from hail_guard.models import Answer, AnswerKind, Operation, Outcome, State
+
+DEFAULT_RETRY_AFTER_SECONDS = 30.0
+CHECK_AGAIN_SECONDS = 5.0
+"""How soon reconcile looks again at an operation that is still unclear."""
+RETENTION_MARGIN_SECONDS = 3600.0
+"""Replays stop this long before the upstream's key retention runs out."""
+
+
+@dataclass(frozen=True)
+class _Pattern:
+    regex: re.Pattern[str]
+    kind: AnswerKind
+    tools: frozenset[str] | None = None
+    """Only for these tools (None: every tool)."""
+
+
+def _pattern(regex: str, kind: AnswerKind, tools: set[str] | None = None) -> _Pattern:
+    return _Pattern(re.compile(regex, re.IGNORECASE | re.DOTALL), kind, frozenset(tools) if tools else None)
+
+
+# Order matters: the first match wins.
+_ERROR_PATTERNS: tuple[_Pattern, ...] = (
+    _pattern(r"^idempotency key reused with a different request body", AnswerKind.KEY_CONFLICT),
+    _pattern(r"^request with this idempotency key is still processing", AnswerKind.STILL_PROCESSING),
+    _pattern(r"^hail api error 429\b", AnswerKind.RETRY_LATER),
+    _pattern(r"^auth failed\b", AnswerKind.RETRY_LATER),
+    _pattern(
+        r"\bno (free |shared )*(phone )?numbers? (is |are )?(free|available)",
+        AnswerKind.RETRY_LATER,
+        {"place_call"},
+    ),
+    _pattern(r"^hail upstream error: 5\d\d\b", AnswerKind.GATEWAY_ERROR),
+    _pattern(r"^hail api error 4\d\d\b", AnswerKind.REFUSED),
+    _pattern(r"^\[\{'loc': ", AnswerKind.REFUSED),
+    _pattern(r"^resource not found$", AnswerKind.REFUSED),
+)
+_RETRY_AFTER = re.compile(r"retry after (\d+(?:\.\d+)?) seconds?", re.IGNORECASE)
+_FIELD_ERROR = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\.[A-Za-z0-9_.]+)?: ")
+
+
+def classify(
+    tool: str, *, is_error: bool, payload: Mapping[str, Any] | None, text: str, request: Mapping[str, Any]
+) -> Answer:
+    """Sort one upstream answer to a send (see the table in DESIGN.md)."""
+    if is_error:
+        return Answer(kind=AnswerKind.LOST, error=text or "the upstream answered with an error")
+    if payload is None:
+        payload = _payload_from_text(text)
+    if payload is None:
+        return Answer(kind=AnswerKind.LOST, error=f"unreadable answer: {text[:200]!r}")
+    if "error" in payload:
+        return _classify_error(tool, payload["error"], request)
+    provider_id = payload.get("id")
+    if not isinstance(provider_id, str) or not provider_id or "status" not in payload:
+        return Answer(kind=AnswerKind.LOST, result=dict(payload), error="the answer has no id and status")
+    if payload.get("status") == "failed" and payload.get("error_code") is not None:
+        return Answer(
+            kind=AnswerKind.REFUSED,
+            result=dict(payload),
+            provider_id=provider_id,
+            error=f"carrier refused: {payload.get('error_code')}",
+        )
+    return Answer(kind=AnswerKind.ACCEPTED, result=dict(payload), provider_id=provider_id)
+
+
+def _payload_from_text(text: str) -> Mapping[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _classify_error(tool: str, error: object, request: Mapping[str, Any]) -> Answer:
+    if not isinstance(error, str):
+        return Answer(kind=AnswerKind.UNRECOGNISED, error=json.dumps(error, default=str)[:500])
+    for pattern in _ERROR_PATTERNS:
+        if (pattern.tools is None or tool in pattern.tools) and pattern.regex.search(error):
+            retry_after = _retry_after(error) if pattern.kind is AnswerKind.RETRY_LATER else None
+            return Answer(kind=pattern.kind, error=error, retry_after_seconds=retry_after)
+    field = _FIELD_ERROR.match(error)
+    if field is not None:
+        # A local validation error names a field we sent; one naming another field is Hail
+        # failing to read its own success answer (HAIL_CONTRACT.md).
+        in_request = field.group(1) in request
+        return Answer(kind=AnswerKind.REFUSED if in_request else AnswerKind.MISREAD_SUCCESS, error=error)
+    return Answer(kind=AnswerKind.UNRECOGNISED, error=error)
+
+
+def _retry_after(error: str) -> float:
+    match = _RETRY_AFTER.search(error)
+    return float(match.group(1)) if match else DEFAULT_RETRY_AFTER_SECONDS
+
+
+_FIRST_ATTEMPT: dict[AnswerKind, State] = {
+    AnswerKind.ACCEPTED: State.ACCEPTED,
+    AnswerKind.REFUSED: State.FAILED,
+    AnswerKind.STILL_PROCESSING: State.UNKNOWN,
+    AnswerKind.KEY_CONFLICT: State.NEEDS_REVIEW,
+    AnswerKind.RETRY_LATER: State.READY,
+    AnswerKind.GATEWAY_ERROR: State.UNKNOWN,
+    AnswerKind.LOST: State.UNKNOWN,
+    AnswerKind.MISREAD_SUCCESS: State.UNKNOWN,
+    AnswerKind.UNRECOGNISED: State.UNKNOWN,
+}
+
+_REASONS: dict[AnswerKind, str] = {
+    AnswerKind.ACCEPTED: "Hail accepted the request",
+    AnswerKind.REFUSED: "Hail refused the request for good",
+    AnswerKind.STILL_PROCESSING: "Hail is still processing this key",
+    AnswerKind.KEY_CONFLICT: "Hail holds this key for a different request",
+    AnswerKind.RETRY_LATER: (
+        "Hail saved nothing (rate limit, auth or no free number); the same key is safe later"
+    ),
+    AnswerKind.GATEWAY_ERROR: "a gateway error that may hide a success",
+    AnswerKind.LOST: "no usable answer: the request may have been sent",
+    AnswerKind.MISREAD_SUCCESS: "Hail could not read its own answer; the message may have been sent",
+    AnswerKind.UNRECOGNISED: "an error hail-guard does not recognise",
+}
+
+
+def outcome_of_send(answer: Answer) -> Outcome:
+    """The outcome of a first attempt (`sending` -> ...)."""
+    state = _FIRST_ATTEMPT[answer.kind]
+    return Outcome(
+        state=state,
+        reason=_REASONS[answer.kind],
+        provider_id=answer.provider_id,
+        result=answer.result,
+        error=answer.error,
+        not_before_seconds=answer.retry_after_seconds if state is State.READY else None,
+        check_after_seconds=CHECK_AGAIN_SECONDS if state is State.UNKNOWN else None,
+        review_reason=_REASONS[answer.kind] if state is State.NEEDS_REVIEW else None,
+    )
+
+
+def outcome_of_replay(
+    answer: Answer, *, previous_error: str | None, attempts: int, max_attempts: int
+) -> Outcome:
+    """The outcome of a same-key replay by reconcile (`unknown` -> ...).
+
+    `attempts` counts the replay being judged. An error that repeats unchanged is Hail replaying
+    what it saved: an unrecognised one is a saved failure, a misread success stays unreadable.
+    """
+    kind = answer.kind
+    repeated = answer.error is not None and answer.error == previous_error
+    base = Outcome(
+        state=State.UNKNOWN,
+        reason=_REASONS[kind],
+        provider_id=answer.provider_id,
+        result=answer.result,
+        error=answer.error,
+    )
+    if kind is AnswerKind.ACCEPTED:
+        return base.model_copy(update={"state": State.ACCEPTED})
+    if kind is AnswerKind.REFUSED or (kind is AnswerKind.UNRECOGNISED and repeated):
+        return base.model_copy(update={"state": State.FAILED, "reason": "Hail replayed a saved failure"})
+    if kind is AnswerKind.KEY_CONFLICT or (kind is AnswerKind.MISREAD_SUCCESS and repeated):
+        return base.model_copy(update={"state": State.NEEDS_REVIEW, "review_reason": _REASONS[kind]})
+    if attempts >= max_attempts:
+        reason = f"still unclear after {attempts} reconcile attempts: {_REASONS[kind]}"
+        return base.model_copy(
+            update={"state": State.NEEDS_REVIEW, "review_reason": reason, "reason": reason}
+        )
+    wait = answer.retry_after_seconds if kind is AnswerKind.RETRY_LATER else None
+    return base.model_copy(update={"check_after_seconds": wait or CHECK_AGAIN_SECONDS})
+
+
+class ReconcileStep(StrEnum):
+    LOOKUP = "lookup"
+    """The provider id is known: read the message back."""
+    REVIEW = "review"
+    """A replay could send again: a human decides."""
+    REPLAY = "replay"
+    """Replay the stored request under the same key."""
+
+
+@dataclass(frozen=True)
+class ReconcilePlan:
+    step: ReconcileStep
+    reason: str = ""
+
+
+def plan_reconcile(
+    operation: Operation, *, now: datetime, key_retention_hours: float, recipient_suppressed: bool
+) -> ReconcilePlan:
+    """DESIGN.md, reconcile: what to do with one `unknown` operation."""
+    if operation.provider_id:
+        return ReconcilePlan(ReconcileStep.LOOKUP)
+    if recipient_suppressed:
+        return ReconcilePlan(
+            ReconcileStep.REVIEW, "the recipient opted out; a replay could be the first send"
+        )
+    started = operation.first_sent_at or operation.created_at
+    horizon = timedelta(hours=key_retention_hours) - timedelta(seconds=RETENTION_MARGIN_SECONDS)
+    if now - started > horizon:
+        return ReconcilePlan(
+            ReconcileStep.REVIEW,
+            f"first sent {started.isoformat()}, older than Hail's key retention "
+            f"({key_retention_hours:g} h) less a margin: a replay could send again",
+        )
+    return ReconcilePlan(ReconcileStep.REPLAY)
+
+
+def validate_arguments(tool: str, arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> None:
+    """Check arguments against the tool's own input schema, naming the first bad field."""
+    try:
+        validator = jsonschema.Draft202012Validator(dict(schema))
+        error = jsonschema.exceptions.best_match(validator.iter_errors(dict(arguments)))
+    except (jsonschema.exceptions.SchemaError, RecursionError, ValueError) as exc:
+        raise RefusedByPolicy(f"the arguments for {tool} cannot be checked: {exc}") from exc
+    if error is not None:
+        where = ".".join(str(part) for part in error.absolute_path) or "(arguments)"
+        raise RefusedByPolicy(
+            f"invalid arguments for {tool}: {where}: {error.message}; fix it and call again "
+            "(nothing was recorded)"
+        )
+
+
+def check_consent(tool_schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> None:
+    """`recipient_consent` must be the JSON boolean true; marketing needs a consent source."""
+    properties = tool_schema.get("properties")
+    declares_consent = isinstance(properties, Mapping) and "recipient_consent" in properties
+    if declares_consent or "recipient_consent" in arguments:
+        consent = arguments.get("recipient_consent")
+        if consent is not True:
+            raise RefusedByPolicy(
+                f"recipient_consent must be the JSON boolean true (got {json.dumps(consent)}); "
+                "send only to recipients who consented, and pass recipient_consent: true"
+            )
+    if arguments.get("message_type") == "marketing":
+        source = arguments.get("consent_source")
+        if not isinstance(source, str) or not source.strip():
+            raise RefusedByPolicy(
+                "marketing sends need a non-empty consent_source saying where the recipient's consent "
+                "came from (e.g. 'signup form 2026-03-01')"
+            )
+
+
+def differing_fields(old: Any, new: Any, path: str = "") -> list[str]:
+    """Dotted paths where two JSON values differ (lists compared whole)."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        fields: list[str] = []
+        for name in sorted(set(old) | set(new)):
+            where = f"{path}.{name}" if path else str(name)
+            if name not in old or name not in new:
+                fields.append(where)
+            else:
+                fields.extend(differing_fields(old[name], new[name], where))
+        return fields
+    return [] if old == new else [path or "(whole request)"]
+
+
+def guarded_tool_names(
+    schemas: Mapping[str, Mapping[str, Any]], configured: Sequence[str] | None
+) -> set[str]:
+    """Tools that go through the guard: those configured, else those that take an idempotency key."""
+    if configured is not None:
+        return set(configured)
+    guarded = set()
+    for name, schema in schemas.items():
+        properties = schema.get("properties")
+        if isinstance(properties, Mapping) and "idempotency_key" in properties:
+            guarded.add(name)
+    return guarded

@@ -1,0 +1,96 @@
+"""SQLite specifics: file permissions, migrations, and every failure mapped to a clear error."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from hail_guard.errors import ConfigError, LedgerUnavailable, SchemaTooNew
+from hail_guard.ledger import open_ledger, sqlite_path
+from hail_guard.ledger.sqlite import _mapped, migrations
+from tests.test_ledger_contract import intent
+
+
+async def test_a_new_ledger_file_is_private_and_in_wal_mode(tmp_path: Path) -> None:
+    path = tmp_path / "nested" / "ledger.db"
+    async with open_ledger(f"sqlite:///{path}"):
+        pass
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert db.execute("PRAGMA user_version").fetchone()[0] == migrations()[-1][0]
+
+
+async def test_reopening_keeps_operations(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    async with open_ledger(url) as ledger:
+        op = (await ledger.begin_send(intent(), owner="w1", lease_seconds=60)).operation
+    async with open_ledger(url) as ledger:
+        assert (await ledger.get(op.id)).idempotency_key == op.idempotency_key
+
+
+async def test_a_ledger_from_a_newer_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    async with open_ledger(str(path)):
+        pass
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version = 999")
+    with pytest.raises(SchemaTooNew, match="upgrade hail-guard"):
+        async with open_ledger(str(path)):
+            pass
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes read-only files anyway; the mapping is tested with a read-only connection")
+async def test_a_read_only_ledger_refuses_to_record(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    async with open_ledger(str(path)):
+        pass
+    path.chmod(0o400)
+    with pytest.raises(LedgerUnavailable):
+        async with open_ledger(str(path)) as ledger:
+            await ledger.begin_send(intent(), owner="w1", lease_seconds=60)
+
+
+def test_sqlite_read_only_and_full_errors_become_clear_ledger_errors(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    sqlite3.connect(path).close()
+    read_only = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    with pytest.raises(LedgerUnavailable, match="read-only: make the file and its folder writable"), _mapped("x"):
+        read_only.execute("CREATE TABLE t (x)")
+    read_only.close()
+    with pytest.raises(LedgerUnavailable, match="disk holding the ledger x is full"), _mapped("x"):
+        raise sqlite3.OperationalError("database or disk is full")
+
+
+async def test_a_ledger_locked_past_the_busy_timeout_records_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    async with open_ledger(str(path), busy_timeout_seconds=0.05) as ledger:
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(LedgerUnavailable, match="locked past the busy timeout"):
+                await ledger.begin_send(intent(), owner="w1", lease_seconds=60)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert await ledger.find_by_key(intent().idempotency_key) is None
+
+
+async def test_a_folder_that_cannot_be_created_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(LedgerUnavailable, match="cannot be used"):
+        async with open_ledger(str(blocker / "ledger.db")):
+            pass
+
+
+def test_ledger_urls() -> None:
+    assert sqlite_path("sqlite:////abs/l.db") == "/abs/l.db"
+    assert sqlite_path("sqlite:///rel/l.db") == "rel/l.db"
+    assert sqlite_path("/plain/l.db") == "/plain/l.db"
+    with pytest.raises(ConfigError, match="unsupported ledger URL"):
+        sqlite_path("mysql://x")
