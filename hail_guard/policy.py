@@ -44,11 +44,7 @@ _ERROR_PATTERNS: tuple[_Pattern, ...] = (
     _pattern(r"^request with this idempotency key is still processing", AnswerKind.STILL_PROCESSING),
     _pattern(r"^hail api error 429\b", AnswerKind.RETRY_LATER),
     _pattern(r"^auth failed\b", AnswerKind.RETRY_LATER),
-    _pattern(
-        r"\bno (free |shared )*(phone )?numbers? (is |are )?(free|available)",
-        AnswerKind.RETRY_LATER,
-        {"place_call"},
-    ),
+    _pattern(r"\bno\b.*\bnumbers?\b.*\b(free|available)\b", AnswerKind.RETRY_LATER, {"place_call"}),
     _pattern(r"^hail upstream error: 5\d\d\b", AnswerKind.GATEWAY_ERROR),
     _pattern(r"^hail api error 4\d\d\b", AnswerKind.REFUSED),
     _pattern(r"^\[\{'loc': ", AnswerKind.REFUSED),

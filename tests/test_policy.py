@@ -51,9 +51,11 @@ def test_rate_limits_carry_their_retry_after() -> None:
     assert answer.retry_after_seconds == 7.0
 
 
-def test_a_call_503_without_a_free_number_releases_the_key() -> None:
-    answer = classify_error("no shared number is available right now, try again", tool="place_call")
-    assert answer.kind is AnswerKind.RETRY_LATER
+@pytest.mark.parametrize(
+    "text", ["no shared caller number is free right now; retry shortly", "no shared number is available right now"]
+)
+def test_a_call_503_without_a_free_number_releases_the_key(text: str) -> None:
+    assert classify_error(text, tool="place_call").kind is AnswerKind.RETRY_LATER
 
 
 def test_the_same_503_text_on_email_is_not_trusted_to_have_released_anything() -> None:
