@@ -1,16 +1,101 @@
-"""Shared fixtures: a real ledger file per test."""
+"""Shared fixtures: a real ledger file per test, and a whole proxy over the in-process sandbox."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
+from mcp import Client, types
 
+from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
+from hail_guard.logs import configure_logging
+from hail_guard.sandbox import Sandbox, parse_fault
+from hail_guard.server import Proxy, build_server
+from hail_guard.upstream import UpstreamTarget, connect_upstream
+
+configure_logging("debug")
 
 
 @pytest.fixture
 async def ledger(tmp_path: Path) -> AsyncIterator[Ledger]:
     async with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as opened:
         yield opened
+
+
+def email(**changes: Any) -> dict[str, Any]:
+    """A valid send_email request (no key: hail-guard derives one)."""
+    base: dict[str, Any] = {
+        "to": ["lead@example.com"],
+        "subject": "Hello",
+        "body_text": "Nice to meet you.",
+        "recipient_consent": True,
+        "metadata": {"campaign_id": "c1", "lead_id": "l1", "message_id": "intro"},
+    }
+    return {**base, **changes}
+
+
+def data(result: types.CallToolResult) -> dict[str, Any]:
+    if isinstance(result.structured_content, dict):
+        return result.structured_content
+    value: dict[str, Any] = json.loads(result.content[0].text)  # type: ignore[union-attr]
+    return value
+
+
+def text(result: types.CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
+
+
+@dataclass
+class Harness:
+    """An agent's MCP client -> hail-guard -> the sandbox, all in process."""
+
+    sandbox: Sandbox
+    ledger: Ledger
+    proxy: Proxy
+    stack: AsyncExitStack
+    settings: GuardSettings
+    clients: list[Client] = field(default_factory=list)
+
+    async def client(self, mode: str = "legacy") -> Client:
+        return await self.stack.enter_async_context(Client(build_server(self.proxy), mode=mode))
+
+    async def call(self, tool: str, arguments: dict[str, Any], mode: str = "legacy") -> types.CallToolResult:
+        client = await self.client(mode)
+        return await client.call_tool(tool, arguments)
+
+
+HarnessFactory = Callable[..., "Any"]
+
+
+@pytest.fixture
+async def make_harness(tmp_path: Path) -> AsyncIterator[HarnessFactory]:
+    async with AsyncExitStack() as stack:
+
+        async def make(*faults: str, **settings: Any) -> Harness:
+            sandbox = Sandbox(faults=[parse_fault(f) for f in faults])
+            ledger = await stack.enter_async_context(open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}"))
+            guard_settings = GuardSettings(**{"timeout_seconds": 2.0, **settings})
+            upstream = await stack.enter_async_context(
+                connect_upstream(
+                    UpstreamTarget(kind="inprocess", server=sandbox.server()),
+                    timeout_seconds=guard_settings.timeout_seconds,
+                    heartbeat_seconds=None,
+                )
+            )
+            proxy = Proxy(Guard(ledger, upstream, guard_settings), upstream)
+            await proxy.refresh_tools()
+            return Harness(sandbox, ledger, proxy, stack, guard_settings)
+
+        yield make
+
+
+@pytest.fixture
+async def harness(make_harness: HarnessFactory) -> Harness:
+    made: Harness = await make_harness()
+    return made

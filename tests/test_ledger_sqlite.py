@@ -44,7 +44,9 @@ async def test_a_ledger_from_a_newer_version_is_refused(tmp_path: Path) -> None:
             pass
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes read-only files anyway; the mapping is tested with a read-only connection")
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root writes read-only files anyway; the mapping is tested with a read-only connection"
+)
 async def test_a_read_only_ledger_refuses_to_record(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     async with open_ledger(str(path)):
