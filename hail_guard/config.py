@@ -108,12 +108,8 @@ def load_settings(path: str | None = None, environ: Mapping[str, str] | None = N
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"[{'.'.join(str(p) for p in error['loc'])}] {error['msg']}" for error in exc.errors()
-        )
-        raise ConfigError(
-            f"the configuration is not valid ({path or 'defaults and environment'}): {problems}"
-        ) from exc
+        problems = "; ".join(f"[{'.'.join(str(p) for p in error['loc'])}] {error['msg']}" for error in exc.errors())
+        raise ConfigError(f"the configuration is not valid ({path or 'defaults and environment'}): {problems}") from exc
 
 
 def _read_toml(path: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from hail_guard.errors import RefusedByPolicy
 from hail_guard.models import Answer, AnswerKind, Operation, Outcome, State
 
 DEFAULT_RETRY_AFTER_SECONDS = 30.0
+"""A rate limit that names no wait waits this long; auth and no-free-number answers may retry at once."""
 CHECK_AGAIN_SECONDS = 5.0
 """How soon reconcile looks again at an operation that is still unclear."""
 RETENTION_MARGIN_SECONDS = 3600.0
@@ -93,6 +94,8 @@ def _classify_error(tool: str, error: object, request: Mapping[str, Any]) -> Ans
     for pattern in _ERROR_PATTERNS:
         if (pattern.tools is None or tool in pattern.tools) and pattern.regex.search(error):
             retry_after = _retry_after(error) if pattern.kind is AnswerKind.RETRY_LATER else None
+            if retry_after is None and error.lower().startswith("hail api error 429"):
+                retry_after = DEFAULT_RETRY_AFTER_SECONDS
             return Answer(kind=pattern.kind, error=error, retry_after_seconds=retry_after)
     field = _FIELD_ERROR.match(error)
     if field is not None:
@@ -103,9 +106,9 @@ def _classify_error(tool: str, error: object, request: Mapping[str, Any]) -> Ans
     return Answer(kind=AnswerKind.UNRECOGNISED, error=error)
 
 
-def _retry_after(error: str) -> float:
+def _retry_after(error: str) -> float | None:
     match = _RETRY_AFTER.search(error)
-    return float(match.group(1)) if match else DEFAULT_RETRY_AFTER_SECONDS
+    return float(match.group(1)) if match else None
 
 
 _FIRST_ATTEMPT: dict[AnswerKind, State] = {
@@ -125,9 +128,7 @@ _REASONS: dict[AnswerKind, str] = {
     AnswerKind.REFUSED: "Hail refused the request for good",
     AnswerKind.STILL_PROCESSING: "Hail is still processing this key",
     AnswerKind.KEY_CONFLICT: "Hail holds this key for a different request",
-    AnswerKind.RETRY_LATER: (
-        "Hail saved nothing (rate limit, auth or no free number); the same key is safe later"
-    ),
+    AnswerKind.RETRY_LATER: ("Hail saved nothing (rate limit, auth or no free number); the same key is safe later"),
     AnswerKind.GATEWAY_ERROR: "a gateway error that may hide a success",
     AnswerKind.LOST: "no usable answer: the request may have been sent",
     AnswerKind.MISREAD_SUCCESS: "Hail could not read its own answer; the message may have been sent",
@@ -145,14 +146,17 @@ def outcome_of_send(answer: Answer) -> Outcome:
         result=answer.result,
         error=answer.error,
         not_before_seconds=answer.retry_after_seconds if state is State.READY else None,
-        check_after_seconds=CHECK_AGAIN_SECONDS if state is State.UNKNOWN else None,
+        check_after_seconds=_first_check_after(answer.kind) if state is State.UNKNOWN else None,
         review_reason=_REASONS[answer.kind] if state is State.NEEDS_REVIEW else None,
     )
 
 
-def outcome_of_replay(
-    answer: Answer, *, previous_error: str | None, attempts: int, max_attempts: int
-) -> Outcome:
+def _first_check_after(kind: AnswerKind) -> float:
+    """An unknown is due for reconcile at once, unless Hail said it is still working on it."""
+    return CHECK_AGAIN_SECONDS if kind is AnswerKind.STILL_PROCESSING else 0.0
+
+
+def outcome_of_replay(answer: Answer, *, previous_error: str | None, attempts: int, max_attempts: int) -> Outcome:
     """The outcome of a same-key replay by reconcile (`unknown` -> ...).
 
     `attempts` counts the replay being judged. An error that repeats unchanged is Hail replaying
@@ -175,9 +179,7 @@ def outcome_of_replay(
         return base.model_copy(update={"state": State.NEEDS_REVIEW, "review_reason": _REASONS[kind]})
     if attempts >= max_attempts:
         reason = f"still unclear after {attempts} reconcile attempts: {_REASONS[kind]}"
-        return base.model_copy(
-            update={"state": State.NEEDS_REVIEW, "review_reason": reason, "reason": reason}
-        )
+        return base.model_copy(update={"state": State.NEEDS_REVIEW, "review_reason": reason, "reason": reason})
     wait = answer.retry_after_seconds if kind is AnswerKind.RETRY_LATER else None
     return base.model_copy(update={"check_after_seconds": wait or CHECK_AGAIN_SECONDS})
 
@@ -204,9 +206,7 @@ def plan_reconcile(
     if operation.provider_id:
         return ReconcilePlan(ReconcileStep.LOOKUP)
     if recipient_suppressed:
-        return ReconcilePlan(
-            ReconcileStep.REVIEW, "the recipient opted out; a replay could be the first send"
-        )
+        return ReconcilePlan(ReconcileStep.REVIEW, "the recipient opted out; a replay could be the first send")
     started = operation.first_sent_at or operation.created_at
     horizon = timedelta(hours=key_retention_hours) - timedelta(seconds=RETENTION_MARGIN_SECONDS)
     if now - started > horizon:
@@ -228,9 +228,42 @@ def validate_arguments(tool: str, arguments: Mapping[str, Any], schema: Mapping[
     if error is not None:
         where = ".".join(str(part) for part in error.absolute_path) or "(arguments)"
         raise RefusedByPolicy(
-            f"invalid arguments for {tool}: {where}: {error.message}; fix it and call again "
-            "(nothing was recorded)"
+            f"invalid arguments for {tool}: {where}: {error.message}; fix it and call again (nothing was recorded)"
         )
+
+
+_E164 = re.compile(r"^\+[1-9]\d{1,14}$")
+_TEXT_LIMITS = {("send_email", "subject"): 998, ("send_sms", "body"): 1600}
+
+
+def check_hail_rules(tool: str, arguments: Mapping[str, Any]) -> None:
+    """Hail's own pre-send checks (HAIL_CONTRACT.md, sends), made here so a refusal records nothing.
+
+    Hail's tool layer refuses these before its API sees them, so no key is consumed upstream;
+    checking first keeps our key free too, for the corrected request.
+    """
+    problem = _hail_rule_problem(tool, arguments)
+    if problem is not None:
+        raise RefusedByPolicy(f"invalid arguments for {tool}: {problem}; fix it and call again (nothing was recorded)")
+
+
+def _hail_rule_problem(tool: str, arguments: Mapping[str, Any]) -> str | None:
+    for (limited_tool, name), most in _TEXT_LIMITS.items():
+        value = arguments.get(name)
+        if tool == limited_tool and isinstance(value, str) and not 1 <= len(value) <= most:
+            return f"{name}: must be 1 to {most} characters (got {len(value)})"
+    if tool == "send_email":
+        if not arguments.get("to"):
+            return "to: give at least one recipient address"
+        if not any(isinstance(arguments.get(f), str) and arguments[f].strip() for f in ("body_text", "body_html")):
+            return "body_text or body_html: give at least one non-empty body"
+    if tool in ("send_sms", "place_call"):
+        to = arguments.get("to")
+        if isinstance(to, str) and not _E164.match(to):
+            return f"to: {to!r} is not an E.164 number such as +14155551234"
+    if tool == "place_call" and not any(arguments.get(f) for f in ("system_prompt", "llm", "agent_id")):
+        return "give one of system_prompt, llm or agent_id"
+    return None
 
 
 def check_consent(tool_schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> None:
@@ -267,9 +300,7 @@ def differing_fields(old: Any, new: Any, path: str = "") -> list[str]:
     return [] if old == new else [path or "(whole request)"]
 
 
-def guarded_tool_names(
-    schemas: Mapping[str, Mapping[str, Any]], configured: Sequence[str] | None
-) -> set[str]:
+def guarded_tool_names(schemas: Mapping[str, Mapping[str, Any]], configured: Sequence[str] | None) -> set[str]:
     """Tools that go through the guard: those configured, else those that take an idempotency key."""
     if configured is not None:
         return set(configured)

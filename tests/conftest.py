@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,44 +58,27 @@ class Harness:
     sandbox: Sandbox
     ledger: Ledger
     proxy: Proxy
-    stack: AsyncExitStack
     settings: GuardSettings
-    clients: list[Client] = field(default_factory=list)
 
-    async def client(self, mode: str = "legacy") -> Client:
-        return await self.stack.enter_async_context(Client(build_server(self.proxy), mode=mode))
+    def client(self, mode: str = "legacy") -> Client:
+        """An agent's MCP client (a new session; use it with `async with`)."""
+        return Client(build_server(self.proxy), mode=mode)
 
     async def call(self, tool: str, arguments: dict[str, Any], mode: str = "legacy") -> types.CallToolResult:
-        client = await self.client(mode)
-        return await client.call_tool(tool, arguments)
+        async with self.client(mode) as client:
+            return await client.call_tool(tool, arguments)
 
 
-HarnessFactory = Callable[..., "Any"]
-
-
-@pytest.fixture
-async def make_harness(tmp_path: Path) -> AsyncIterator[HarnessFactory]:
-    async with AsyncExitStack() as stack:
-
-        async def make(*faults: str, **settings: Any) -> Harness:
-            sandbox = Sandbox(faults=[parse_fault(f) for f in faults])
-            ledger = await stack.enter_async_context(open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}"))
-            guard_settings = GuardSettings(**{"timeout_seconds": 2.0, **settings})
-            upstream = await stack.enter_async_context(
-                connect_upstream(
-                    UpstreamTarget(kind="inprocess", server=sandbox.server()),
-                    timeout_seconds=guard_settings.timeout_seconds,
-                    heartbeat_seconds=None,
-                )
-            )
-            proxy = Proxy(Guard(ledger, upstream, guard_settings), upstream)
-            await proxy.refresh_tools()
-            return Harness(sandbox, ledger, proxy, stack, guard_settings)
-
-        yield make
-
-
-@pytest.fixture
-async def harness(make_harness: HarnessFactory) -> Harness:
-    made: Harness = await make_harness()
-    return made
+@asynccontextmanager
+async def open_harness(tmp_path: Path, *faults: str, **settings: Any) -> AsyncIterator[Harness]:
+    """The sandbox with `faults`, a ledger file in `tmp_path`, and hail-guard between (short timeouts)."""
+    sandbox = Sandbox(faults=[parse_fault(f) for f in faults])
+    guard_settings = GuardSettings(**{"timeout_seconds": 2.0, **settings})
+    target = UpstreamTarget(kind="inprocess", server=sandbox.server())
+    async with (
+        open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger,
+        connect_upstream(target, timeout_seconds=guard_settings.timeout_seconds, heartbeat_seconds=None) as upstream,
+    ):
+        proxy = Proxy(Guard(ledger, upstream, guard_settings), upstream)
+        await proxy.refresh_tools()
+        yield Harness(sandbox, ledger, proxy, guard_settings)

@@ -228,3 +228,32 @@ def test_tools_taking_a_key_are_guarded_unless_configured() -> None:
     schemas = {"send_email": {"properties": {"idempotency_key": {}}}, "whoami": {"properties": {}}}
     assert policy.guarded_tool_names(schemas, None) == {"send_email"}
     assert policy.guarded_tool_names(schemas, ["whoami"]) == {"whoami"}
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "message"),
+    [
+        ("send_email", {"to": [], "subject": "s", "body_text": "b"}, "at least one recipient"),
+        ("send_email", {"to": ["a@x"], "subject": "", "body_text": "b"}, "subject: must be 1 to 998"),
+        ("send_email", {"to": ["a@x"], "subject": "s", "body_html": " "}, "non-empty body"),
+        ("send_sms", {"to": "555-0100", "body": "b"}, "E.164"),
+        ("send_sms", {"to": "+15550100", "body": "b" * 1601}, "body: must be 1 to 1600"),
+        ("place_call", {"to": "+15550100"}, "system_prompt, llm or agent_id"),
+    ],
+)
+def test_hails_own_pre_send_rules_are_checked_before_recording(
+    tool: str, arguments: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(RefusedByPolicy, match=message):
+        policy.check_hail_rules(tool, arguments)
+
+
+def test_valid_sends_pass_hails_rules() -> None:
+    policy.check_hail_rules("send_email", {"to": ["a@x"], "subject": "s", "body_text": "b"})
+    policy.check_hail_rules("send_sms", {"to": "+15550100", "body": "b"})
+    policy.check_hail_rules("place_call", {"to": "+15550100", "agent_id": "a1"})
+
+
+def test_a_rate_limit_without_a_wait_waits_the_default() -> None:
+    assert classify_error("hail api error 429: slow down").retry_after_seconds == policy.DEFAULT_RETRY_AFTER_SECONDS
+    assert classify_error("auth failed: token rejected by Hail API").retry_after_seconds is None

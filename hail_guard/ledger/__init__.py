@@ -41,9 +41,7 @@ class Ledger(Protocol):
         operation is returned unclaimed for the caller to answer from.
         """
 
-    async def record_outcome(
-        self, operation_id: str, *, owner: str, outcome: Outcome, actor: str
-    ) -> Operation:
+    async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
         """Fenced: only the holder of the current claim (`owner`) may record; else `LeaseLost`."""
 
     async def claim_unknown(

@@ -117,17 +117,13 @@ class SqliteLedger:
                 )
                 await _event(db, operation_id, None, State.SENDING, owner, "intent recorded; forwarding")
                 return Begin(await _must(db, operation_id), claimed=True)
-            claimed = await db.execute(
-                _CLAIM_READY, (owner, lease_seconds, existing.id, intent.request_fingerprint)
-            )
+            claimed = await db.execute(_CLAIM_READY, (owner, lease_seconds, existing.id, intent.request_fingerprint))
             if claimed.rowcount == 1:
                 await _event(db, existing.id, State.READY, State.SENDING, owner, "claimed; forwarding")
                 return Begin(await _must(db, existing.id), claimed=True)
             return Begin(existing, claimed=False)
 
-    async def record_outcome(
-        self, operation_id: str, *, owner: str, outcome: Outcome, actor: str
-    ) -> Operation:
+    async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
         result = json.dumps(outcome.result) if outcome.result is not None else None
         async with self._write() as db:
             before = await _must(db, operation_id)
@@ -272,9 +268,7 @@ def migrations() -> list[tuple[int, str]]:
     """(version, SQL) for every migration shipped, in order."""
     folder = resources.files("hail_guard.ledger") / "migrations" / "sqlite"
     found = [
-        (int(item.name.split("_")[0]), item.read_text())
-        for item in folder.iterdir()
-        if item.name.endswith(".sql")
+        (int(item.name.split("_")[0]), item.read_text()) for item in folder.iterdir() if item.name.endswith(".sql")
     ]
     return sorted(found)
 

@@ -1,0 +1,73 @@
+"""Wiring: settings in, a running proxy out (ledger + upstream + guard + server).
+
+The only place that decides which upstream to talk to and which ledger to open; everything
+below takes these as arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import structlog
+from mcp.server.stdio import stdio_server
+
+from hail_guard.config import Settings
+from hail_guard.guard import Guard, GuardSettings
+from hail_guard.ledger import Ledger, open_ledger
+from hail_guard.server import Proxy, build_server
+from hail_guard.upstream import UpstreamTarget, connect_upstream
+
+log = structlog.get_logger(__name__)
+
+
+def upstream_target(settings: Settings) -> UpstreamTarget:
+    upstream = settings.upstream
+    kind = upstream.kind
+    if kind == "sandbox":
+        from hail_guard.sandbox import Sandbox
+
+        log.warning(
+            "sandbox_upstream",
+            message="no upstream configured: using the built-in sandbox; nothing real is sent",
+            outbox=upstream.sandbox_outbox,
+        )
+        return UpstreamTarget(kind="inprocess", server=Sandbox(outbox_path=upstream.sandbox_outbox).server())
+    if kind == "stdio":
+        return UpstreamTarget(kind="stdio", command=tuple(upstream.command or ()), token=upstream.token())
+    return UpstreamTarget(kind=kind, url=upstream.url, token=upstream.token())
+
+
+def guard_settings(settings: Settings) -> GuardSettings:
+    return GuardSettings(
+        key_template=settings.guard.key_template,
+        key_retention_hours=settings.upstream.key_retention_hours,
+        timeout_seconds=settings.upstream.timeout_seconds,
+        lease_seconds=settings.guard.lease_seconds,
+        max_reconcile_attempts=settings.guard.max_reconcile_attempts,
+    )
+
+
+@asynccontextmanager
+async def open_ledger_from(settings: Settings) -> AsyncIterator[Ledger]:
+    async with open_ledger(settings.ledger.url, busy_timeout_seconds=settings.ledger.busy_timeout_seconds) as ledger:
+        yield ledger
+
+
+@asynccontextmanager
+async def open_proxy(settings: Settings) -> AsyncIterator[Proxy]:
+    """Open the ledger and the upstream; the proxy lives as long as the block."""
+    async with (
+        open_ledger_from(settings) as ledger,
+        connect_upstream(upstream_target(settings), timeout_seconds=settings.upstream.timeout_seconds) as upstream,
+    ):
+        proxy = Proxy(Guard(ledger, upstream, guard_settings(settings)), upstream, settings.guard.guarded_tools)
+        await proxy.refresh_tools()
+        log.info("proxy_ready", tools=len(proxy.tools), guarded=sorted(proxy.guarded))
+        yield proxy
+
+
+async def serve_stdio(settings: Settings) -> None:
+    async with open_proxy(settings) as proxy, stdio_server() as (read, write):
+        server = build_server(proxy)
+        await server.run(read, write, server.create_initialization_options())

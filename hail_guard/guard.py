@@ -1,0 +1,263 @@
+"""The durable send and reconcile, over a ledger and an upstream.
+
+`Guard.send` is DESIGN.md's flow: validate, derive the key, commit `sending`, forward, classify,
+commit the outcome. `Guard.reconcile` is the only way out of `unknown`: it replays the SAME key
+with the SAME stored request, or looks the message up, or hands it to a human.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+import structlog
+from mcp import types
+
+from hail_guard import keys, policy
+from hail_guard.errors import KeyConflict, LeaseLost, LedgerUnavailable, UpstreamError, UpstreamUnavailable
+from hail_guard.ledger import Ledger
+from hail_guard.models import Answer, AnswerKind, Intent, Operation, Outcome, State
+
+log = structlog.get_logger(__name__)
+
+SHUTDOWN_WRITE_SECONDS = 10.0
+"""How long a final ledger write may take once the call was cancelled."""
+_RECORD_ATTEMPTS = 5
+_LOOKUP_TOOLS = {
+    "email": ("get_email", "email_id"),
+    "sms": ("get_sms", "sms_id"),
+    "call": ("get_call", "call_id"),
+}
+PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+class UpstreamCaller(Protocol):
+    """What the guard needs of the upstream (see `hail_guard.upstream.Upstream`)."""
+
+    async def wait_connected(self) -> None:
+        """Return once connected; `UpstreamUnavailable` if that does not happen soon."""
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], *, timeout_seconds: float | None = None
+    ) -> types.CallToolResult: ...
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    key_template: str | None = None
+    key_retention_hours: float = 24.0
+    timeout_seconds: float = 45.0
+    lease_seconds: float | None = None
+    """How long a claim lasts; default: the upstream timeout plus a margin."""
+    max_reconcile_attempts: int = 5
+
+    @property
+    def lease(self) -> float:
+        return self.lease_seconds if self.lease_seconds is not None else self.timeout_seconds + 15.0
+
+
+@dataclass(frozen=True)
+class SendReport:
+    """What happened to one guarded call."""
+
+    operation: Operation
+    replayed: bool
+    """True when answered from the ledger without forwarding."""
+
+
+class Guard:
+    def __init__(self, ledger: Ledger, upstream: UpstreamCaller, settings: GuardSettings) -> None:
+        self.ledger = ledger
+        self.upstream = upstream
+        self.settings = settings
+
+    async def send(self, tool: str, arguments: Mapping[str, Any], input_schema: Mapping[str, Any]) -> SendReport:
+        intent, request = self.prepare(tool, arguments, input_schema)
+        await self.upstream.wait_connected()  # refused before anything is recorded
+        owner = _claim_token()
+        begin = await self.ledger.begin_send(intent, owner=owner, lease_seconds=self.settings.lease)
+        if not begin.claimed:
+            return self._answer_from_ledger(begin.operation, intent, request)
+        log.info("operation_sending", operation_id=begin.operation.id, key=intent.idempotency_key, tool=tool)
+        answer = await self._forward(begin.operation, owner, tool, request)
+        operation = await self._record(begin.operation, owner, policy.outcome_of_send(answer))
+        return SendReport(operation, replayed=False)
+
+    def prepare(
+        self, tool: str, arguments: Mapping[str, Any], input_schema: Mapping[str, Any]
+    ) -> tuple[Intent, dict[str, Any]]:
+        """Validate and derive everything the ledger needs; records nothing."""
+        request = dict(arguments)
+        policy.validate_arguments(tool, request, input_schema)
+        policy.check_hail_rules(tool, request)
+        policy.check_consent(input_schema, request)
+        request[keys.KEY_FIELD] = keys.derive_key(tool, request, self.settings.key_template)
+        text = keys.canonical_json(request)
+        metadata = request.get("metadata")
+        if not isinstance(metadata, dict):
+            metadata = {}
+        intent = Intent(
+            idempotency_key=request[keys.KEY_FIELD],
+            tool=tool,
+            channel=keys.channel_of(tool),
+            recipients=keys.recipients_of(request),
+            request=text,
+            request_fingerprint=keys.fingerprint(text),
+            content_fingerprint=keys.content_fingerprint(tool, request),
+            **{name: _text(metadata.get(name)) for name in keys.METADATA_KEY_FIELDS},
+        )
+        return intent, request
+
+    def _answer_from_ledger(self, existing: Operation, intent: Intent, request: dict[str, Any]) -> SendReport:
+        if existing.request_fingerprint != intent.request_fingerprint:
+            fields = policy.differing_fields(existing.arguments(), request)
+            raise KeyConflict(
+                f"idempotency key {existing.idempotency_key!r} already belongs to operation {existing.id} "
+                f"with a different request (differs in: {', '.join(fields)}); nothing was sent. Resend the "
+                "original arguments unchanged, or use a new key for a deliberately new message.",
+                differing_fields=fields,
+            )
+        log.info("operation_replayed", operation_id=existing.id, key=existing.idempotency_key, state=existing.state)
+        return SendReport(existing, replayed=True)
+
+    async def _forward(self, operation: Operation, owner: str, tool: str, request: dict[str, Any]) -> Answer:
+        """Forward under the claim; any way out of here leaves an answer to record."""
+        try:
+            result = await self.upstream.call_tool(tool, request, timeout_seconds=self.settings.timeout_seconds)
+        except UpstreamUnavailable as exc:
+            return Answer(kind=AnswerKind.RETRY_LATER, error=f"not sent: {exc}", retry_after_seconds=5.0)
+        except UpstreamError as exc:
+            return Answer(kind=AnswerKind.LOST, error=str(exc))
+        except BaseException:
+            # Cancelled (the agent gave up) or a bug: the request may have left. Record that first.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_WRITE_SECONDS):
+                lost = Answer(kind=AnswerKind.LOST, error="the call was interrupted while Hail had the request")
+                await self._record(operation, owner, policy.outcome_of_send(lost))
+            raise
+        return _answer_of(tool, result, request)
+
+    async def _record(self, operation: Operation, owner: str, outcome: Outcome) -> Operation:
+        """Commit an outcome; an answer from Hail is retried into the ledger, never dropped silently."""
+        for attempt in range(1, _RECORD_ATTEMPTS + 1):
+            try:
+                recorded = await self.ledger.record_outcome(operation.id, owner=owner, outcome=outcome, actor=owner)
+            except LeaseLost:
+                log.warning("operation_taken_over", operation_id=operation.id, outcome=outcome.state)
+                return await self.ledger.get(operation.id)
+            except LedgerUnavailable as exc:
+                log.error(
+                    "outcome_not_recorded",
+                    operation_id=operation.id,
+                    key=operation.idempotency_key,
+                    outcome=outcome.state,
+                    provider_id=outcome.provider_id,
+                    attempt=attempt,
+                    error=str(exc),
+                )
+                if attempt == _RECORD_ATTEMPTS:
+                    raise
+                await anyio.sleep(0.2 * attempt)
+                continue
+            log.info(
+                "operation_recorded",
+                operation_id=operation.id,
+                key=operation.idempotency_key,
+                state=recorded.state,
+                provider_id=recorded.provider_id,
+            )
+            return recorded
+        raise AssertionError("unreachable")
+
+    async def reconcile(self, operation_id: str | None = None) -> list[Operation]:
+        """Settle `unknown` operations (one, or all that are due); return them as they now stand."""
+        owner = _claim_token()
+        claimed = await self.ledger.claim_unknown(
+            owner=owner, lease_seconds=self.settings.lease, operation_id=operation_id
+        )
+        if operation_id is not None and not claimed:
+            return [await self.ledger.get(operation_id)]
+        return [await self._reconcile_one(operation, owner) for operation in claimed]
+
+    async def _reconcile_one(self, operation: Operation, owner: str) -> Operation:
+        plan = policy.plan_reconcile(
+            operation,
+            now=await self.ledger.now(),
+            key_retention_hours=self.settings.key_retention_hours,
+            recipient_suppressed=False,
+        )
+        log.info("reconcile_step", operation_id=operation.id, key=operation.idempotency_key, step=plan.step)
+        if plan.step is policy.ReconcileStep.REVIEW:
+            outcome = Outcome(state=State.NEEDS_REVIEW, reason=plan.reason, review_reason=plan.reason)
+        elif plan.step is policy.ReconcileStep.LOOKUP:
+            outcome = await self._look_up(operation)
+        else:
+            answer = await self._replay(operation)
+            outcome = policy.outcome_of_replay(
+                answer,
+                previous_error=operation.last_error,
+                attempts=operation.attempts - 1,
+                max_attempts=self.settings.max_reconcile_attempts,
+            )
+        return await self._record(operation, owner, outcome)
+
+    async def _replay(self, operation: Operation) -> Answer:
+        request = operation.arguments()
+        try:
+            result = await self.upstream.call_tool(
+                operation.tool, request, timeout_seconds=self.settings.timeout_seconds
+            )
+        except UpstreamError as exc:
+            return Answer(kind=AnswerKind.LOST, error=str(exc))
+        return _answer_of(operation.tool, result, request)
+
+    async def _look_up(self, operation: Operation) -> Outcome:
+        tool, id_field = _LOOKUP_TOOLS.get(operation.channel, (None, None))
+        if tool is None or id_field is None or operation.provider_id is None:
+            reason = f"no lookup tool for the {operation.channel} channel"
+            return Outcome(state=State.NEEDS_REVIEW, reason=reason, review_reason=reason)
+        try:
+            result = await self.upstream.call_tool(
+                tool, {id_field: operation.provider_id}, timeout_seconds=self.settings.timeout_seconds
+            )
+        except UpstreamError as exc:
+            return Outcome(state=State.UNKNOWN, reason="lookup failed", error=str(exc), check_after_seconds=5.0)
+        payload = _payload(result)
+        if payload is not None and payload.get("id") == operation.provider_id:
+            return Outcome(state=State.ACCEPTED, reason=f"{tool} found the message", result=payload)
+        reason = f"{tool} did not find {operation.provider_id}: {_text_of(result)[:200]}"
+        return Outcome(state=State.NEEDS_REVIEW, reason=reason, review_reason=reason)
+
+
+def _answer_of(tool: str, result: types.CallToolResult, request: Mapping[str, Any]) -> Answer:
+    return policy.classify(
+        tool, is_error=bool(result.is_error), payload=_payload(result), text=_text_of(result), request=request
+    )
+
+
+def _payload(result: types.CallToolResult) -> dict[str, Any] | None:
+    if isinstance(result.structured_content, dict):
+        return result.structured_content
+    try:
+        value = json.loads(_text_of(result))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _text_of(result: types.CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
+
+
+def _text(value: object) -> str | None:
+    return str(value) if isinstance(value, str | int) and not isinstance(value, bool) else None
+
+
+def _claim_token() -> str:
+    """Who holds a claim: this process, and a fence unique to the claim."""
+    return f"{PROCESS_ID}:{uuid.uuid4().hex[:12]}"

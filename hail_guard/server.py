@@ -1,0 +1,265 @@
+"""The downstream MCP server: Hail's tools re-exposed, guarded ones routed through the guard.
+
+Upstream tools pass through verbatim (names, descriptions, schemas, annotations, results). Tools
+that take an idempotency key go through `Guard.send`; hail-guard adds its own tools (`reconcile`,
+`get_operation`, `list_operations`). This is the only module that turns our errors into MCP results.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+from mcp import types
+from mcp.server import Server, ServerRequestContext
+
+from hail_guard import __version__, policy
+from hail_guard.errors import HailGuardError, KeyConflict, NotFound, RefusedByPolicy, UpstreamError
+from hail_guard.guard import Guard, SendReport
+from hail_guard.models import Operation, State
+
+log = structlog.get_logger(__name__)
+
+_ANY_OBJECT: dict[str, Any] = {"type": "object", "additionalProperties": True}
+_STATE_NAMES = [state.value for state in State]
+OWN_TOOLS: tuple[types.Tool, ...] = (
+    types.Tool(
+        name="reconcile",
+        description=(
+            "Settle sends whose outcome is unknown (a timeout or a dropped connection after Hail may have "
+            "accepted them). Replays the SAME idempotency key with the SAME request, so Hail answers with "
+            "what it saved and nothing is sent twice. Give operation_id for one, or nothing for all that are due."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {"operation_id": {"type": "string", "minLength": 1}},
+            "additionalProperties": False,
+        },
+        output_schema=_ANY_OBJECT,
+        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True),
+    ),
+    types.Tool(
+        name="get_operation",
+        description="Show one guarded send (state, Hail's id, attempts, history) by operation_id or idempotency_key.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "operation_id": {"type": "string", "minLength": 1},
+                "idempotency_key": {"type": "string", "minLength": 1},
+            },
+            "additionalProperties": False,
+        },
+        output_schema=_ANY_OBJECT,
+        annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
+    ),
+    types.Tool(
+        name="list_operations",
+        description="List guarded sends, newest first, optionally by state or campaign.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "state": {"type": "string", "enum": _STATE_NAMES},
+                "campaign_id": {"type": "string", "minLength": 1},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+            },
+            "additionalProperties": False,
+        },
+        output_schema=_ANY_OBJECT,
+        annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
+    ),
+)
+_OWN = {tool.name: tool for tool in OWN_TOOLS}
+
+
+class UpstreamTools(Protocol):
+    async def list_tools(self) -> list[types.Tool]: ...
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], *, timeout_seconds: float | None = None
+    ) -> types.CallToolResult: ...
+
+
+@dataclass
+class Proxy:
+    """Everything one hail-guard server needs; shared by all its sessions."""
+
+    guard: Guard
+    upstream: UpstreamTools
+    guarded_tools: Sequence[str] | None = None
+    """Tools to guard; None: every tool whose schema takes an idempotency key."""
+    tools: dict[str, types.Tool] = field(default_factory=dict)
+    guarded: set[str] = field(default_factory=set)
+
+    async def refresh_tools(self) -> None:
+        try:
+            listed = await self.upstream.list_tools()
+        except UpstreamError as exc:
+            log.warning("upstream_tools_unavailable", error=str(exc))
+            return
+        shadowed = [tool.name for tool in listed if tool.name in _OWN]
+        if shadowed:
+            log.warning("upstream_tools_shadowed", tools=shadowed)
+        self.tools = {tool.name: tool for tool in listed if tool.name not in _OWN}
+        schemas = {name: tool.input_schema for name, tool in self.tools.items()}
+        self.guarded = policy.guarded_tool_names(schemas, self.guarded_tools) & set(self.tools)
+
+    def input_schema(self, name: str) -> dict[str, Any] | None:
+        tool = _OWN.get(name) or self.tools.get(name)
+        return dict(tool.input_schema) if tool is not None else None
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        """One tool call, with every error of ours turned into a clear MCP result."""
+        try:
+            if name in _OWN:
+                return await self._own(name, arguments)
+            if not self.tools:
+                await self.refresh_tools()
+            if name in self.guarded:
+                report = await self.guard.send(name, arguments, self.tools[name].input_schema)
+                return _send_result(report)
+            if name in self.tools:
+                return await self.upstream.call_tool(
+                    name, arguments, timeout_seconds=self.guard.settings.timeout_seconds
+                )
+            return _error(f"unknown tool {name!r}; list the tools to see what hail-guard offers")
+        except KeyConflict as exc:
+            return _error(str(exc), {"differing_fields": exc.differing_fields})
+        except (RefusedByPolicy, NotFound) as exc:
+            return _error(str(exc))
+        except UpstreamError as exc:
+            return _error(f"Hail did not answer: {exc}")
+        except HailGuardError as exc:
+            log.error("call_failed", tool=name, error=str(exc))
+            return _error(f"hail-guard could not do this: {exc}")
+        except Exception:
+            log.exception("call_crashed", tool=name)
+            return _error("hail-guard failed unexpectedly; nothing more is known. See its log (stderr).")
+
+    async def _own(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        policy.validate_arguments(name, arguments, _OWN[name].input_schema)
+        if name == "reconcile":
+            settled = await self.guard.reconcile(arguments.get("operation_id"))
+            return _data({"reconciled": [operation_view(op) for op in settled], "count": len(settled)})
+        if name == "get_operation":
+            operation = await self._find(arguments)
+            events = await self.guard.ledger.events(operation.id)
+            history = [event.model_dump(mode="json", exclude={"operation_id"}) for event in events]
+            return _data({**operation_view(operation), "history": history})
+        state = State(arguments["state"]) if "state" in arguments else None
+        operations = await self.guard.ledger.list_operations(
+            state=state, campaign_id=arguments.get("campaign_id"), limit=arguments.get("limit", 50)
+        )
+        return _data({"operations": [operation_view(op) for op in operations], "count": len(operations)})
+
+    async def _find(self, arguments: Mapping[str, Any]) -> Operation:
+        if "operation_id" in arguments:
+            return await self.guard.ledger.get(arguments["operation_id"])
+        if "idempotency_key" in arguments:
+            found = await self.guard.ledger.find_by_key(arguments["idempotency_key"])
+            if found is None:
+                raise NotFound(f"no operation has the key {arguments['idempotency_key']!r}")
+            return found
+        raise RefusedByPolicy("give operation_id or idempotency_key")
+
+
+def build_server(proxy: Proxy) -> Server[Any]:
+    """A low-level MCP server over `proxy` (one per session on stdio; the proxy may be shared)."""
+
+    async def on_list_tools(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        await proxy.refresh_tools()
+        return types.ListToolsResult(tools=[*proxy.tools.values(), *OWN_TOOLS])
+
+    async def on_call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        return await proxy.call(params.name, dict(params.arguments or {}))
+
+    return Server(
+        "hail-guard",
+        version=__version__,
+        instructions=(
+            "hail-guard stands in front of Hail: sends are recorded before they are forwarded and never "
+            "sent twice. When a send's outcome is unknown, do NOT resend it: call `reconcile`."
+        ),
+        get_tool_input_schema=proxy.input_schema,
+        on_list_tools=on_list_tools,
+        on_call_tool=on_call_tool,
+    )
+
+
+_NEXT_STEP = {
+    State.ACCEPTED: "done: Hail accepted it (delivery is tracked apart); do not send it again",
+    State.FAILED: "Hail refused it for good; fix the cause, then send a new message (it needs a new key)",
+    State.UNKNOWN: "do NOT resend (not even with a new key): call `reconcile` with operation_id={id}",
+    State.SENDING: "another caller is sending it right now; call `reconcile` with operation_id={id} in a minute",
+    State.READY: "not sent yet: call again with the same arguments later (the same key is safe)",
+    State.PLANNED: "planned: waiting for an operator to approve the batch",
+    State.NEEDS_REVIEW: "a human must review it (`hail-guard ops show {id}`); do not resend",
+    State.CANCELLED: "cancelled; it was not sent",
+}
+
+
+def next_step(operation: Operation) -> str:
+    return _NEXT_STEP[operation.state].format(id=operation.id)
+
+
+def operation_view(operation: Operation, *, replayed: bool | None = None) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "operation_id": operation.id,
+        "idempotency_key": operation.idempotency_key,
+        "state": operation.state.value,
+        "tool": operation.tool,
+        "recipients": operation.recipients,
+        "provider_id": operation.provider_id,
+        "attempts": operation.attempts,
+        "last_error": operation.last_error,
+        "review_reason": operation.review_reason,
+        "created_at": operation.created_at.isoformat(),
+        "updated_at": operation.updated_at.isoformat(),
+        "next_step": next_step(operation),
+    }
+    if operation.not_before is not None:
+        view["not_before"] = operation.not_before.isoformat()
+    if replayed is not None:
+        view["replayed"] = replayed
+    return view
+
+
+def _send_result(report: SendReport) -> types.CallToolResult:
+    operation = report.operation
+    guard_view = {
+        key: value
+        for key, value in operation_view(operation, replayed=report.replayed).items()
+        if key in {"operation_id", "idempotency_key", "state", "replayed", "next_step", "not_before"}
+    }
+    if operation.state is State.ACCEPTED:
+        return _data({**(operation.result or {}), "hail_guard": guard_view})
+    if operation.state is State.FAILED:
+        payload = operation.result if operation.result is not None else {"error": operation.last_error}
+        return _data({**payload, "hail_guard": guard_view})
+    headline = {
+        State.UNKNOWN: "OUTCOME UNKNOWN: Hail may already have sent this message.",
+        State.SENDING: "IN FLIGHT: another caller is sending this message right now.",
+        State.NEEDS_REVIEW: f"NEEDS REVIEW: {operation.review_reason or 'the outcome stayed unclear'}.",
+        State.READY: f"NOT SENT: {operation.last_error or 'Hail asked to wait'}.",
+        State.PLANNED: "NOT SENT: the send is planned and waits for approval.",
+        State.CANCELLED: "NOT SENT: the send was cancelled.",
+    }[operation.state]
+    return _error(f"{headline} {guard_view['next_step']}", {"hail_guard": guard_view})
+
+
+def _data(data: Mapping[str, Any]) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=json.dumps(data, default=str))],
+        structured_content=dict(data),
+    )
+
+
+def _error(message: str, extra: Mapping[str, Any] | None = None) -> types.CallToolResult:
+    data = {"error": message, **(extra or {})}
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=message)], structured_content=data, is_error=True
+    )
