@@ -140,6 +140,7 @@ class Proxy:
 
     async def _own(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         policy.validate_arguments(name, arguments, _OWN[name].input_schema)
+        await self.guard.ledger.expire_leases()  # what the agent sees is what is true now
         if name == "reconcile":
             settled = await self.guard.reconcile(arguments.get("operation_id"))
             return _data({"reconciled": [operation_view(op) for op in settled], "count": len(settled)})

@@ -1,0 +1,142 @@
+"""The real thing: `hail-guard serve` over stdio, chained to `hail-guard sandbox` over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+from mcp import Client, StdioServerParameters
+
+from tests.conftest import data, email, text
+
+KEY = "c1:l1:email:intro"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@asynccontextmanager
+async def running_sandbox(tmp_path: Path, *faults: str) -> AsyncIterator[tuple[str, Path]]:
+    """`hail-guard sandbox` in its own process; yields its URL and outbox file."""
+    port, outbox = free_port(), tmp_path / "outbox.jsonl"
+    args = [sys.executable, "-m", "hail_guard", "sandbox", "--port", str(port), "--outbox", str(outbox)]
+    for fault in faults:
+        args += ["--fault", fault]
+    async with await anyio.open_process(args, stdout=None, stderr=None) as process:
+        url = f"http://127.0.0.1:{port}/"
+        async with httpx2.AsyncClient() as http:
+            with anyio.fail_after(15):
+                while True:  # an external process: its health endpoint is the only readiness signal
+                    try:
+                        if (await http.get(f"{url}healthz")).status_code == 200:
+                            break
+                    except httpx2.TransportError:
+                        await anyio.sleep(0.05)
+        try:
+            yield url, outbox
+        finally:
+            process.terminate()
+            with anyio.move_on_after(5):
+                await process.wait()
+
+
+def serve_params(tmp_path: Path, upstream_url: str, **guard: Any) -> StdioServerParameters:
+    config = tmp_path / "hail-guard.toml"
+    lines = [
+        "[ledger]",
+        f'url = "sqlite:///{tmp_path / "ledger.db"}"',
+        "[upstream]",
+        f'url = "{upstream_url}"',
+        "timeout_seconds = 1.0",
+        "[guard]",
+        *(f"{name} = {value}" for name, value in guard.items()),
+    ]
+    config.write_text("\n".join(lines) + "\n")
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "hail_guard", "--config", str(config), "serve"], cwd=str(tmp_path)
+    )
+
+
+def outbox_lines(outbox: Path) -> list[dict[str, Any]]:
+    if not outbox.exists():
+        return []
+    return [json.loads(line) for line in outbox.read_text().splitlines() if line.strip()]
+
+
+async def test_a_send_over_stdio_reaches_the_outbox_once(tmp_path: Path) -> None:
+    async with running_sandbox(tmp_path) as (url, outbox), Client(serve_params(tmp_path, url), mode="legacy") as agent:
+        names = {tool.name for tool in (await agent.list_tools()).tools}
+        assert {"send_email", "reconcile", "get_operation", "list_operations"} <= names
+        first = await agent.call_tool("send_email", email())
+        again = await agent.call_tool("send_email", email())
+        assert not first.is_error
+        assert data(again)["hail_guard"]["replayed"] is True
+        assert [line["idempotency_key"] for line in outbox_lines(outbox)] == [KEY]
+
+
+async def test_a_hang_after_acceptance_over_stdio_is_unknown_then_reconciled(tmp_path: Path) -> None:
+    async with (
+        running_sandbox(tmp_path, "send_email:1:hang_after_accept") as (url, outbox),
+        Client(serve_params(tmp_path, url), mode="auto") as agent,
+    ):
+        first = await agent.call_tool("send_email", email())
+        assert first.is_error
+        assert "call `reconcile`" in text(first)
+        operation_id = data(first)["hail_guard"]["operation_id"]
+        again = await agent.call_tool("send_email", email())
+        assert data(again)["hail_guard"]["state"] == "unknown"
+        settled = await agent.call_tool("reconcile", {"operation_id": operation_id})
+        [view] = data(settled)["reconciled"]
+        assert view["state"] == "accepted"
+        assert [line["id"] for line in outbox_lines(outbox)] == [view["provider_id"]]
+
+
+def pids_running(marker: str) -> list[int]:
+    """Processes whose command line mentions `marker` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmdline and "serve" in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+async def test_the_proxy_killed_after_acceptance_recovers_the_send_on_restart(tmp_path: Path) -> None:
+    async with running_sandbox(tmp_path, "send_email:1:hang_after_accept") as (url, outbox):
+        params = serve_params(tmp_path, url, lease_seconds=1.0)
+        params = params.model_copy(update={"env": {"HAIL_GUARD_UPSTREAM_TIMEOUT_SECONDS": "30"}})
+        async with Client(params, mode="legacy") as agent, anyio.create_task_group() as tg:
+            tg.start_soon(agent.call_tool, "send_email", email())
+            with anyio.fail_after(10):
+                while not outbox_lines(outbox):  # noqa: ASYNC110  (another process's file: no event to wait on)
+                    await anyio.sleep(0.02)
+            [pid] = pids_running(str(tmp_path / "hail-guard.toml"))
+            os.kill(pid, signal.SIGKILL)
+            tg.cancel_scope.cancel()
+
+        async with Client(serve_params(tmp_path, url, lease_seconds=1.0), mode="legacy") as agent:
+            with anyio.fail_after(15):
+                # The dead proxy's lease runs out on the database clock; until then reconcile finds nothing.
+                while not (settled := data(await agent.call_tool("reconcile", {}))["reconciled"]):  # noqa: ASYNC110
+                    await anyio.sleep(0.1)
+            assert [view["state"] for view in settled] == ["accepted"]
+            history = data(await agent.call_tool("get_operation", {"idempotency_key": KEY}))["history"]
+            assert [event["to_state"] for event in history] == ["sending", "unknown", "accepted"]
+        assert len(outbox_lines(outbox)) == 1
