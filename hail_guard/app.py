@@ -15,6 +15,7 @@ from mcp.server.stdio import stdio_server
 from hail_guard.config import Settings
 from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
+from hail_guard.metrics import Metrics
 from hail_guard.server import Proxy, build_server
 from hail_guard.upstream import UpstreamTarget, connect_upstream
 
@@ -45,6 +46,7 @@ def guard_settings(settings: Settings) -> GuardSettings:
         timeout_seconds=settings.upstream.timeout_seconds,
         lease_seconds=settings.guard.lease_seconds,
         max_reconcile_attempts=settings.guard.max_reconcile_attempts,
+        duplicate_window_hours=settings.guard.duplicate_window_hours or None,
     )
 
 
@@ -55,13 +57,20 @@ async def open_ledger_from(settings: Settings) -> AsyncIterator[Ledger]:
 
 
 @asynccontextmanager
-async def open_proxy(settings: Settings) -> AsyncIterator[Proxy]:
-    """Open the ledger and the upstream; the proxy lives as long as the block."""
+async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> AsyncIterator[Proxy]:
+    """Open the ledger and the upstream; the proxy lives as long as the block.
+
+    With `metrics`, ledger and upstream calls are timed and every tool call is counted there.
+    """
     async with (
-        open_ledger_from(settings) as ledger,
-        connect_upstream(upstream_target(settings), timeout_seconds=settings.upstream.timeout_seconds) as upstream,
+        open_ledger_from(settings) as opened_ledger,
+        connect_upstream(upstream_target(settings), timeout_seconds=settings.upstream.timeout_seconds) as opened,
     ):
-        proxy = Proxy(Guard(ledger, upstream, guard_settings(settings)), upstream, settings.guard.guarded_tools)
+        ledger, upstream = opened_ledger, opened
+        if metrics is not None:
+            ledger, upstream = metrics.timed(ledger, "ledger"), metrics.timed(upstream, "upstream")
+        guard = Guard(ledger, upstream, guard_settings(settings))
+        proxy = Proxy(guard, upstream, settings.guard.guarded_tools, settings.guard.require_approval, observer=metrics)
         await proxy.refresh_tools()
         log.info("proxy_ready", tools=len(proxy.tools), guarded=sorted(proxy.guarded))
         yield proxy

@@ -7,7 +7,9 @@ Command output goes to stdout; logs and notices go to stderr.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -15,14 +17,16 @@ from typing import Any
 import anyio
 import structlog
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from hail_guard import __version__, app
+from hail_guard.batch import read_batch_file, run_worker
 from hail_guard.config import Settings, load_settings
 from hail_guard.errors import HailGuardError, NotFound
 from hail_guard.logs import configure_logging
-from hail_guard.models import Operation, State
-from hail_guard.server import operation_view
+from hail_guard.models import SUPPRESSION_CHANNELS, BatchStatus, Operation, State, Suppression, normalise_recipient
+from hail_guard.server import batch_view, operation_view
 
 log = structlog.get_logger(__name__)
 _STATES = [state.value for state in State]
@@ -71,6 +75,13 @@ def _parser() -> argparse.ArgumentParser:
     reconcile.add_argument("--json", action="store_true", help="print JSON")
     reconcile.set_defaults(run=_reconcile)
 
+    _batch_commands(commands)
+    _suppress_commands(commands)
+    worker = commands.add_parser("worker", help="claim and send ready operations until stopped (SIGTERM)")
+    worker.add_argument("--concurrency", type=int, help="sends at once (default: [worker] concurrency)")
+    worker.add_argument("--batch", help="only this batch")
+    worker.set_defaults(run=_worker)
+
     ops = commands.add_parser("ops", help="inspect operations").add_subparsers(dest="ops", required=True)
     listing = ops.add_parser("list", help="list operations, newest first")
     listing.add_argument("--state", choices=_STATES)
@@ -83,6 +94,154 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(run=_ops_show)
     return parser
+
+
+def _batch_commands(commands: Any) -> None:
+    batch = commands.add_parser("batch", help="plan, approve, run and inspect batches").add_subparsers(
+        dest="batch", required=True
+    )
+    plan = batch.add_parser("plan", help="record a batch from a JSON Lines or CSV file; sends nothing")
+    plan.add_argument("file", help="*.jsonl ({tool, arguments} per line) or *.csv (see the README)")
+    plan.add_argument("--name", help="a name to recognise the batch by")
+    plan.set_defaults(run=_batch_plan)
+    approve = batch.add_parser("approve", help="let a planned batch be sent (an operator act)")
+    approve.add_argument("batch_id")
+    approve.add_argument("--by", default=getpass.getuser(), help="who approves (default: this user)")
+    approve.set_defaults(run=_batch_approve)
+    run = batch.add_parser("run", help="settle the batch's unknowns, then send what is ready")
+    run.add_argument("batch_id")
+    run.add_argument("--concurrency", type=int, default=4)
+    run.set_defaults(run=_batch_run)
+    status = batch.add_parser("status", help="counts by state and unresolved sends")
+    status.add_argument("batch_id")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(run=_batch_status)
+
+
+def _suppress_commands(commands: Any) -> None:
+    suppress = commands.add_parser("suppress", help="the opt-out list").add_subparsers(dest="suppress", required=True)
+    add = suppress.add_parser("add", help="never send to RECIPIENT again; cancels unforwarded sends to them")
+    add.add_argument("recipient", help="email address or phone number")
+    add.add_argument("--channel", choices=SUPPRESSION_CHANNELS, default="all")
+    add.add_argument("--reason", required=True)
+    add.add_argument("--source", default=f"operator {getpass.getuser()}")
+    add.set_defaults(run=_suppress_add)
+    listing = suppress.add_parser("list", help="every opt-out")
+    listing.add_argument("--json", action="store_true", help="print JSON lines")
+    listing.set_defaults(run=_suppress_list)
+    remove = suppress.add_parser("remove", help="take an opt-out back (only when the recipient asked)")
+    remove.add_argument("recipient")
+    remove.add_argument("--channel", choices=SUPPRESSION_CHANNELS, default="all")
+    remove.set_defaults(run=_suppress_remove)
+
+
+async def _batch_plan(args: argparse.Namespace, settings: Settings) -> int:
+    async with app.open_proxy(settings) as proxy:
+        sends = read_batch_file(args.file, proxy.guarded_schema)
+        batch_id = await proxy.batches.plan(sends, name=args.name, actor=f"operator {getpass.getuser()}")
+        status = await proxy.guard.ledger.batch_status(batch_id)
+    print(json.dumps(batch_view(status), indent=2))
+    return 0
+
+
+async def _batch_approve(args: argparse.Namespace, settings: Settings) -> int:
+    async with app.open_ledger_from(settings) as ledger:
+        approved = await ledger.approve_batch(args.batch_id, actor=args.by)
+    print(f"approved {approved} planned send(s) in {args.batch_id}")
+    return 0
+
+
+async def _batch_run(args: argparse.Namespace, settings: Settings) -> int:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task(f"sending {args.batch_id}", total=None)
+
+        async def progress(done: int, total: int | None) -> None:
+            bar.update(task, completed=done, total=total)
+
+        async with app.open_proxy(settings) as proxy:
+            await proxy.guard.upstream.wait_connected()
+            status = await proxy.batches.run(args.batch_id, concurrency=args.concurrency, progress=progress)
+    _print_batch(status)
+    return 0 if not status.unresolved else 3
+
+
+async def _batch_status(args: argparse.Namespace, settings: Settings) -> int:
+    async with app.open_ledger_from(settings) as ledger:
+        await ledger.expire_leases()
+        status = await ledger.batch_status(args.batch_id)
+    if args.json:
+        print(json.dumps(batch_view(status), indent=2))
+    else:
+        _print_batch(status)
+    return 0
+
+
+async def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    stop = anyio.Event()
+    concurrency = args.concurrency or settings.worker.concurrency
+    async with app.open_proxy(settings) as proxy, anyio.create_task_group() as tg:
+
+        async def on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("worker_stopping", signal=signal.Signals(signum).name)
+                    stop.set()
+                    # In-flight sends get a bounded time; past it they are cut off and recorded unknown.
+                    await anyio.sleep(settings.worker.shutdown_seconds)
+                    tg.cancel_scope.cancel()
+
+        tg.start_soon(on_signal)
+        log.info("worker_started", concurrency=concurrency, batch=args.batch)
+        await run_worker(
+            proxy.guard,
+            concurrency=concurrency,
+            stop=stop,
+            batch_id=args.batch,
+            poll_seconds=settings.worker.poll_seconds,
+        )
+        tg.cancel_scope.cancel()
+    return 0
+
+
+async def _suppress_add(args: argparse.Namespace, settings: Settings) -> int:
+    opt_out = Suppression(recipient=args.recipient, channel=args.channel, reason=args.reason, source=args.source)
+    async with app.open_ledger_from(settings) as ledger:
+        cancelled = await ledger.add_suppression(opt_out, actor=f"operator {getpass.getuser()}")
+    print(f"suppressed {normalise_recipient(args.recipient)} on {args.channel}; cancelled {len(cancelled)} send(s)")
+    return 0
+
+
+async def _suppress_list(args: argparse.Namespace, settings: Settings) -> int:
+    async with app.open_ledger_from(settings) as ledger:
+        suppressions = await ledger.list_suppressions()
+    if args.json:
+        for item in suppressions:
+            print(item.model_dump_json())
+        return 0
+    table = Table("recipient", "channel", "reason", "source", "since", title=f"{len(suppressions)} opt-out(s)")
+    for item in suppressions:
+        since = item.created_at.strftime("%Y-%m-%d %H:%M:%S") if item.created_at else "-"
+        table.add_row(item.recipient, item.channel, item.reason, item.source, since)
+    Console().print(table)
+    return 0
+
+
+async def _suppress_remove(args: argparse.Namespace, settings: Settings) -> int:
+    async with app.open_ledger_from(settings) as ledger:
+        removed = await ledger.remove_suppression(args.recipient, args.channel)
+    if not removed:
+        raise NotFound(f"{args.recipient} has no opt-out on {args.channel}; see `hail-guard suppress list`")
+    print(f"removed the opt-out of {normalise_recipient(args.recipient)} on {args.channel}")
+    return 0
+
+
+def _print_batch(status: BatchStatus) -> None:
+    console = Console()
+    counts = ", ".join(f"{state.value} {count}" for state, count in sorted(status.counts.items()))
+    console.print(f"[bold]{status.batch_id}[/bold] {status.name or ''}: {status.total} send(s): {counts}")
+    if status.unresolved:
+        _print_operations(status.unresolved, title="unresolved")
 
 
 async def _serve(args: argparse.Namespace, settings: Settings) -> int:

@@ -3,8 +3,9 @@
 The file comes from `--config` or `HAIL_GUARD_CONFIG`; without one every setting has a default:
 the in-process sandbox as upstream (nothing real is sent) and a ledger in the per-user data folder.
 Environment overrides are `HAIL_GUARD_<SECTION>_<KEY>` (e.g. `HAIL_GUARD_LEDGER_URL`,
-`HAIL_GUARD_UPSTREAM_URL`, `HAIL_GUARD_UPSTREAM_TIMEOUT_SECONDS`). Secrets are never stored here:
-`token_env` names the variable that holds the upstream token.
+`HAIL_GUARD_UPSTREAM_URL`, `HAIL_GUARD_UPSTREAM_TIMEOUT_SECONDS`). The upstream token is never stored
+here: `token_env` names the variable that holds it. The HTTP server's own token comes from the variable
+`[http] token_env` names (default `HAIL_GUARD_TOKEN`), else from `[http] token`; the variable wins.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from hail_guard import keys
 from hail_guard.errors import ConfigError
 
 ENV_PREFIX = "HAIL_GUARD_"
-_LIST_KEYS = frozenset({"guarded_tools"})
+_LIST_KEYS = frozenset({"guarded_tools", "allowed_hosts", "allowed_origins"})
 """Settings given in the environment as comma-separated lists."""
 
 
@@ -74,6 +75,10 @@ class GuardSection(_Section):
     key_template: str | None = None
     lease_seconds: float | None = Field(default=None, gt=0)
     max_reconcile_attempts: int = Field(default=5, ge=1)
+    require_approval: bool = False
+    """Batches start `planned` and wait for `hail-guard batch approve`."""
+    duplicate_window_hours: float = Field(default=24.0, ge=0)
+    """A new key for content sent within this many hours is refused as a probable duplicate; 0: off."""
 
     @field_validator("key_template")
     @classmethod
@@ -81,6 +86,40 @@ class GuardSection(_Section):
         if value is not None:
             keys.template_fields(value)
         return value
+
+
+class HttpSettings(_Section):
+    """`hail-guard serve` over SSE and Streamable HTTP (see `hail_guard.web`)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)
+    token_env: str = "HAIL_GUARD_TOKEN"  # noqa: S105  (the name of a variable, not a secret)
+    token: SecretStr | None = None
+    """Agents' bearer token, when not given in the `token_env` variable (which wins)."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Host header names (optionally `:port`) besides the loopback names and `host`; `*`: any."""
+    allowed_origins: list[str] = Field(default_factory=list)
+    """Browser origins (`scheme://host[:port]`) besides loopback ones; `*`: any."""
+    max_body_bytes: int = Field(default=1024 * 1024, gt=0)
+    rate_limit_per_minute: int = Field(default=120, ge=0)
+    """Tool calls per minute per client address (bursts up to this many); 0: no limit."""
+    shutdown_grace_seconds: float = Field(default=10.0, ge=0, le=600)
+    """On shutdown, how long in-flight requests may run on before they are cancelled."""
+
+    def bearer_token(self) -> str | None:
+        """The token agents must present; None when neither the variable nor `token` gives one."""
+        from_env = os.environ.get(self.token_env)
+        if from_env:
+            return from_env
+        return self.token.get_secret_value() if self.token is not None and self.token.get_secret_value() else None
+
+
+class WorkerSettings(_Section):
+    concurrency: int = Field(default=4, ge=1, le=256)
+    poll_seconds: float = Field(default=1.0, gt=0)
+    """How long an idle worker waits before looking for new work."""
+    shutdown_seconds: float = Field(default=30.0, ge=0)
+    """On SIGTERM, how long in-flight sends may take before they are cut off (and recorded unknown)."""
 
 
 class LogSettings(_Section):
@@ -91,6 +130,8 @@ class Settings(_Section):
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     guard: GuardSection = Field(default_factory=GuardSection)
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
     log: LogSettings = Field(default_factory=LogSettings)
 
 
@@ -104,7 +145,7 @@ def load_settings(path: str | None = None, environ: Mapping[str, str] | None = N
             continue
         section, _, key = name.removeprefix(ENV_PREFIX).lower().partition("_")
         if section in Settings.model_fields and key:
-            data.setdefault(section, {})[key] = value.split(",") if key in _LIST_KEYS else value
+            data.setdefault(section, {})[key] = [v for v in value.split(",") if v] if key in _LIST_KEYS else value
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:

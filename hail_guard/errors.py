@@ -10,7 +10,9 @@
     │   ├── UpstreamUnavailable    nothing was sent: could not connect
     │   └── UpstreamLost           the request may have left: timeout, dropped connection
     ├── RefusedByPolicy        the request is refused before anything is recorded
-    │   └── KeyConflict            an existing key with a different request
+    │   ├── KeyConflict            an existing key with a different request
+    │   ├── Suppressed             the recipient opted out
+    │   └── ProbableDuplicate      a new key for content that was already sent
     └── NotFound               no such operation
 
 Every boundary (ledger backends, the upstream client) maps foreign exceptions into this tree in
@@ -66,6 +68,18 @@ class KeyConflict(RefusedByPolicy):
     def __init__(self, message: str, *, differing_fields: list[str]) -> None:
         super().__init__(message)
         self.differing_fields = differing_fields
+
+
+class Suppressed(RefusedByPolicy):
+    """The recipient is on the suppression list; nothing is recorded or sent."""
+
+
+class ProbableDuplicate(RefusedByPolicy):
+    """A new key for content already sent (or maybe sent) within the duplicate window."""
+
+    def __init__(self, message: str, *, operation_id: str) -> None:
+        super().__init__(message)
+        self.operation_id = operation_id
 
 
 class NotFound(HailGuardError):

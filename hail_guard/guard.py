@@ -20,14 +20,19 @@ import structlog
 from mcp import types
 
 from hail_guard import keys, policy
-from hail_guard.errors import KeyConflict, LeaseLost, LedgerUnavailable, UpstreamError, UpstreamUnavailable
+from hail_guard.errors import (
+    KeyConflict,
+    LeaseLost,
+    LedgerUnavailable,
+    RefusedByPolicy,
+    UpstreamError,
+    UpstreamUnavailable,
+)
 from hail_guard.ledger import Ledger
 from hail_guard.models import Answer, AnswerKind, Intent, Operation, Outcome, State
 
 log = structlog.get_logger(__name__)
 
-SHUTDOWN_WRITE_SECONDS = 10.0
-"""How long a final ledger write may take once the call was cancelled."""
 _RECORD_ATTEMPTS = 5
 _LOOKUP_TOOLS = {
     "email": ("get_email", "email_id"),
@@ -35,6 +40,8 @@ _LOOKUP_TOOLS = {
     "call": ("get_call", "call_id"),
 }
 PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}"
+ALLOW_DUPLICATE = "allow_duplicate"
+"""An argument hail-guard adds to guarded tools: a deliberate repeat; removed before forwarding."""
 
 
 class UpstreamCaller(Protocol):
@@ -56,6 +63,8 @@ class GuardSettings:
     lease_seconds: float | None = None
     """How long a claim lasts; default: the upstream timeout plus a margin."""
     max_reconcile_attempts: int = 5
+    duplicate_window_hours: float | None = 24.0
+    """A new key for content sent within this window is refused as a probable duplicate (None: off)."""
 
     @property
     def lease(self) -> float:
@@ -80,20 +89,35 @@ class Guard:
     async def send(self, tool: str, arguments: Mapping[str, Any], input_schema: Mapping[str, Any]) -> SendReport:
         intent, request = self.prepare(tool, arguments, input_schema)
         await self.upstream.wait_connected()  # refused before anything is recorded
-        owner = _claim_token()
-        begin = await self.ledger.begin_send(intent, owner=owner, lease_seconds=self.settings.lease)
+        owner = claim_token()
+        begin = await self.ledger.begin_send(
+            intent,
+            owner=owner,
+            lease_seconds=self.settings.lease,
+            duplicate_window_seconds=self.duplicate_window_seconds(),
+        )
         if not begin.claimed:
             return self._answer_from_ledger(begin.operation, intent, request)
-        log.info("operation_sending", operation_id=begin.operation.id, key=intent.idempotency_key, tool=tool)
-        answer = await self._forward(begin.operation, owner, tool, request)
-        operation = await self._record(begin.operation, owner, policy.outcome_of_send(answer))
-        return SendReport(operation, replayed=False)
+        return SendReport(await self.dispatch(begin.operation, owner), replayed=False)
+
+    async def dispatch(self, operation: Operation, owner: str) -> Operation:
+        """Forward an operation we hold the claim on (`sending`), then record what Hail said."""
+        log.info("operation_sending", operation_id=operation.id, key=operation.idempotency_key, tool=operation.tool)
+        answer = await self._forward(operation, owner, operation.tool, operation.arguments())
+        return await self._record(operation, owner, policy.outcome_of_send(answer))
+
+    def duplicate_window_seconds(self) -> float | None:
+        hours = self.settings.duplicate_window_hours
+        return hours * 3600.0 if hours is not None else None
 
     def prepare(
         self, tool: str, arguments: Mapping[str, Any], input_schema: Mapping[str, Any]
     ) -> tuple[Intent, dict[str, Any]]:
         """Validate and derive everything the ledger needs; records nothing."""
         request = dict(arguments)
+        allow_duplicate = request.pop(ALLOW_DUPLICATE, False)
+        if not isinstance(allow_duplicate, bool):
+            raise RefusedByPolicy(f"{ALLOW_DUPLICATE} must be true or false")
         policy.validate_arguments(tool, request, input_schema)
         policy.check_hail_rules(tool, request)
         policy.check_consent(input_schema, request)
@@ -110,6 +134,7 @@ class Guard:
             request=text,
             request_fingerprint=keys.fingerprint(text),
             content_fingerprint=keys.content_fingerprint(tool, request),
+            allow_duplicate=allow_duplicate,
             **{name: _text(metadata.get(name)) for name in keys.METADATA_KEY_FIELDS},
         )
         return intent, request
@@ -136,14 +161,19 @@ class Guard:
             return Answer(kind=AnswerKind.LOST, error=str(exc))
         except BaseException:
             # Cancelled (the agent gave up) or a bug: the request may have left. Record that first.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_WRITE_SECONDS):
-                lost = Answer(kind=AnswerKind.LOST, error="the call was interrupted while Hail had the request")
-                await self._record(operation, owner, policy.outcome_of_send(lost))
+            lost = Answer(kind=AnswerKind.LOST, error="the call was interrupted while Hail had the request")
+            await self._record(operation, owner, policy.outcome_of_send(lost))
             raise
         return _answer_of(tool, result, request)
 
     async def _record(self, operation: Operation, owner: str, outcome: Outcome) -> Operation:
-        """Commit an outcome; an answer from Hail is retried into the ledger, never dropped silently."""
+        """Commit an outcome, shielded: once Hail has answered, a cancelled caller must not lose it."""
+        with anyio.CancelScope(shield=True):
+            recorded = await self._record_with_retries(operation, owner, outcome)
+        return recorded
+
+    async def _record_with_retries(self, operation: Operation, owner: str, outcome: Outcome) -> Operation:
+        """An answer from Hail is retried into the ledger, never dropped silently (bounded)."""
         for attempt in range(1, _RECORD_ATTEMPTS + 1):
             try:
                 recorded = await self.ledger.record_outcome(operation.id, owner=owner, outcome=outcome, actor=owner)
@@ -174,11 +204,11 @@ class Guard:
             return recorded
         raise AssertionError("unreachable")
 
-    async def reconcile(self, operation_id: str | None = None) -> list[Operation]:
+    async def reconcile(self, operation_id: str | None = None, *, batch_id: str | None = None) -> list[Operation]:
         """Settle `unknown` operations (one, or all that are due); return them as they now stand."""
-        owner = _claim_token()
+        owner = claim_token()
         claimed = await self.ledger.claim_unknown(
-            owner=owner, lease_seconds=self.settings.lease, operation_id=operation_id
+            owner=owner, lease_seconds=self.settings.lease, operation_id=operation_id, batch_id=batch_id
         )
         if operation_id is not None and not claimed:
             return [await self.ledger.get(operation_id)]
@@ -189,7 +219,7 @@ class Guard:
             operation,
             now=await self.ledger.now(),
             key_retention_hours=self.settings.key_retention_hours,
-            recipient_suppressed=False,
+            recipient_suppressed=await self.ledger.is_suppressed(operation.recipients, operation.channel),
         )
         log.info("reconcile_step", operation_id=operation.id, key=operation.idempotency_key, step=plan.step)
         if plan.step is policy.ReconcileStep.REVIEW:
@@ -258,6 +288,6 @@ def _text(value: object) -> str | None:
     return str(value) if isinstance(value, str | int) and not isinstance(value, bool) else None
 
 
-def _claim_token() -> str:
+def claim_token() -> str:
     """Who holds a claim: this process, and a fence unique to the claim."""
     return f"{PROCESS_ID}:{uuid.uuid4().hex[:12]}"

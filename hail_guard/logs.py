@@ -9,24 +9,46 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import structlog
 
-_SECRET_NAMES = re.compile(r"(token|secret|password|authorization|api_key|apikey)", re.IGNORECASE)
-_BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+_SECRET_NAMES = re.compile(r"(token|secret|password|passwd|authorization|api[-_]?key|cookie|credential)", re.IGNORECASE)
+_IN_TEXT = (
+    re.compile(r"((?:Bearer|Basic)\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE),
+    # name=value / "name": "value" pairs, as in URLs, headers and repr()s
+    re.compile(
+        r"((?:token|secret|password|api[-_]?key|authorization)[\"']?\s*[=:]\s*[\"']?)(?!Bearer\b|Basic\b)[^\s\"'&,;}]+",
+        re.IGNORECASE,
+    ),
+)
 REDACTED = "[redacted]"
+_MAX_DEPTH = 8
 
 
 def redact_secrets(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """Mask secret-named fields and bearer tokens inside any string value."""
+    """Mask secret-named fields (at any depth) and secret-looking text inside any string value."""
     for name, value in list(event.items()):
-        if _SECRET_NAMES.search(name):
-            event[name] = REDACTED
-        elif isinstance(value, str):
-            event[name] = _BEARER.sub(r"\1" + REDACTED, value)
+        event[name] = _redacted(name, value, 0)
     return event
+
+
+def _redacted(name: object, value: Any, depth: int) -> Any:
+    if isinstance(name, str) and _SECRET_NAMES.search(name) and value is not None:
+        return REDACTED
+    if isinstance(value, str):
+        for pattern in _IN_TEXT:
+            value = pattern.sub(r"\1" + REDACTED, value)
+        return value
+    if depth >= _MAX_DEPTH:
+        return value
+    if isinstance(value, Mapping):
+        return {key: _redacted(key, item, depth + 1) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        items = [_redacted(None, item, depth + 1) for item in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
 
 
 def configure_logging(level: str = "info") -> None:
@@ -36,8 +58,8 @@ def configure_logging(level: str = "info") -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            redact_secrets,
             structlog.processors.format_exc_info,
+            redact_secrets,  # after format_exc_info: tracebacks are text too
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),

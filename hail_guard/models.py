@@ -47,6 +47,8 @@ class Intent(BaseModel):
     lead_id: str | None = None
     message_id: str | None = None
     batch_id: str | None = None
+    allow_duplicate: bool = False
+    """Not stored: lets a deliberate repeat of earlier content through the duplicate guard."""
 
 
 class Operation(BaseModel):
@@ -69,6 +71,7 @@ class Operation(BaseModel):
     result: dict[str, Any] | None = None
     last_error: str | None = None
     review_reason: str | None = None
+    cancel_reason: str | None = None
     attempts: int = 0
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
@@ -138,3 +141,33 @@ class Outcome(BaseModel):
     check_after_seconds: float | None = None
     """For `unknown`: reconcile again no sooner than this."""
     review_reason: str | None = None
+
+
+SUPPRESSION_CHANNELS = ("email", "sms", "call", "all")
+
+
+def normalise_recipient(recipient: str) -> str:
+    """How recipients are compared for opt-outs: trimmed, lower case."""
+    return recipient.strip().lower()
+
+
+class Suppression(BaseModel):
+    """An opt-out: never send to this recipient on this channel (or on any, with `all`)."""
+
+    recipient: str
+    channel: str = "all"
+    reason: str
+    source: str
+    created_at: datetime | None = None
+
+
+class BatchStatus(BaseModel):
+    batch_id: str
+    name: str | None
+    counts: dict[State, int]
+    unresolved: list[Operation]
+    """Operations a human or reconcile still has to settle (sending, unknown, needs_review)."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())

@@ -8,6 +8,7 @@ that take an idempotency key go through `Guard.send`; hail-guard adds its own to
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -17,13 +18,15 @@ from mcp import types
 from mcp.server import Server, ServerRequestContext
 
 from hail_guard import __version__, policy
+from hail_guard.batch import Batches, Progress, sends_from_tool
 from hail_guard.errors import HailGuardError, KeyConflict, NotFound, RefusedByPolicy, UpstreamError
-from hail_guard.guard import Guard, SendReport
-from hail_guard.models import Operation, State
+from hail_guard.guard import ALLOW_DUPLICATE, Guard, SendReport
+from hail_guard.models import SUPPRESSION_CHANNELS, BatchStatus, Operation, State, Suppression, normalise_recipient
 
 log = structlog.get_logger(__name__)
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object", "additionalProperties": True}
+_BATCH_TOOLS = frozenset({"plan_batch", "run_batch", "batch_status", "record_opt_out"})
 _STATE_NAMES = [state.value for state in State]
 OWN_TOOLS: tuple[types.Tool, ...] = (
     types.Tool(
@@ -71,15 +74,109 @@ OWN_TOOLS: tuple[types.Tool, ...] = (
         annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
     ),
 )
+_RECIPIENT = {"type": "string", "minLength": 1, "maxLength": 320}
+OWN_TOOLS += (
+    types.Tool(
+        name="plan_batch",
+        description=(
+            "Record many sends at once as a batch; nothing is sent yet. Each send is {tool, arguments} "
+            "exactly as for the tool itself and gets its own idempotency key. Returns the batch_id for "
+            "run_batch. With approval required, an operator approves it first (`hail-guard batch approve`)."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "sends": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "properties": {"tool": {"type": "string"}, "arguments": {"type": "object"}},
+                        "required": ["tool", "arguments"],
+                    },
+                },
+                "name": {"type": "string", "maxLength": 200},
+            },
+            "required": ["sends"],
+            "additionalProperties": False,
+        },
+        output_schema=_ANY_OBJECT,
+        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False),
+    ),
+    types.Tool(
+        name="run_batch",
+        description=(
+            "Send a planned batch: first settles its unknown sends, then sends what is ready with bounded "
+            "concurrency. Safe to call again at any time: it continues where it stopped and never resends."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "batch_id": {"type": "string", "minLength": 1},
+                "concurrency": {"type": "integer", "minimum": 1, "maximum": 64, "default": 4},
+            },
+            "required": ["batch_id"],
+            "additionalProperties": False,
+        },
+        output_schema=_ANY_OBJECT,
+        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True),
+    ),
+    types.Tool(
+        name="batch_status",
+        description="Counts by state for a batch, and the sends still unresolved.",
+        input_schema={
+            "type": "object",
+            "properties": {"batch_id": {"type": "string", "minLength": 1}},
+            "required": ["batch_id"],
+            "additionalProperties": False,
+        },
+        output_schema=_ANY_OBJECT,
+        annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
+    ),
+    types.Tool(
+        name="record_opt_out",
+        description=(
+            "Record that a recipient opted out (email address or phone number). Every send to them that "
+            "has not been forwarded is cancelled, and no later send reaches them."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "recipient": _RECIPIENT,
+                "channel": {"type": "string", "enum": list(SUPPRESSION_CHANNELS), "default": "all"},
+                "reason": {"type": "string", "minLength": 1, "maxLength": 500},
+                "source": {"type": "string", "minLength": 1, "maxLength": 200, "default": "agent"},
+            },
+            "required": ["recipient", "reason"],
+            "additionalProperties": False,
+        },
+        output_schema=_ANY_OBJECT,
+        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True),
+    ),
+)
 _OWN = {tool.name: tool for tool in OWN_TOOLS}
+_ALLOW_DUPLICATE_SCHEMA = {
+    "type": "boolean",
+    "description": "hail-guard: set true to send content again on purpose under a new key (default false).",
+}
 
 
 class UpstreamTools(Protocol):
+    @property
+    def connected(self) -> bool:
+        """True while a connection to Hail is up (readiness probes read it)."""
+
     async def list_tools(self) -> list[types.Tool]: ...
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], *, timeout_seconds: float | None = None
     ) -> types.CallToolResult: ...
+
+
+class CallObserver(Protocol):
+    """Told about every tool call the proxy serves (metrics); must not raise or block."""
+
+    def tool_called(self, tool: str, outcome: str, seconds: float) -> None: ...
 
 
 @dataclass
@@ -90,8 +187,30 @@ class Proxy:
     upstream: UpstreamTools
     guarded_tools: Sequence[str] | None = None
     """Tools to guard; None: every tool whose schema takes an idempotency key."""
+    require_approval: bool = False
+    observer: CallObserver | None = None
     tools: dict[str, types.Tool] = field(default_factory=dict)
+    """The upstream's tools, verbatim."""
     guarded: set[str] = field(default_factory=set)
+    batches: Batches = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.batches = Batches(self.guard, self.guarded_schema, require_approval=self.require_approval)
+
+    def guarded_schema(self, name: str) -> dict[str, Any] | None:
+        tool = self.tools.get(name) if name in self.guarded else None
+        return dict(tool.input_schema) if tool is not None else None
+
+    def listed_tools(self) -> list[types.Tool]:
+        """What the agent sees: upstream tools verbatim (guarded ones also take allow_duplicate), then ours."""
+        return [self._as_listed(tool) for tool in self.tools.values()] + list(OWN_TOOLS)
+
+    def _as_listed(self, tool: types.Tool) -> types.Tool:
+        properties = tool.input_schema.get("properties")
+        if tool.name not in self.guarded or not isinstance(properties, dict) or ALLOW_DUPLICATE in properties:
+            return tool
+        schema = {**tool.input_schema, "properties": {**properties, ALLOW_DUPLICATE: _ALLOW_DUPLICATE_SCHEMA}}
+        return tool.model_copy(update={"input_schema": schema})
 
     async def refresh_tools(self) -> None:
         try:
@@ -108,13 +227,27 @@ class Proxy:
 
     def input_schema(self, name: str) -> dict[str, Any] | None:
         tool = _OWN.get(name) or self.tools.get(name)
-        return dict(tool.input_schema) if tool is not None else None
+        return dict(self._as_listed(tool).input_schema) if tool is not None else None
 
-    async def call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        """One tool call, with every error of ours turned into a clear MCP result."""
+    async def call(
+        self, name: str, arguments: dict[str, Any], progress: Progress | None = None
+    ) -> types.CallToolResult:
+        """One tool call, with every error of ours turned into a clear MCP result; observed."""
+        started, outcome = time.monotonic(), "cancelled"
+        try:
+            with structlog.contextvars.bound_contextvars(tool=name):
+                result = await self._call(name, arguments, progress)
+            outcome = call_outcome(result)
+            return result
+        finally:
+            if self.observer is not None:
+                known = name in _OWN or name in self.tools
+                self.observer.tool_called(name if known else "unknown", outcome, time.monotonic() - started)
+
+    async def _call(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
         try:
             if name in _OWN:
-                return await self._own(name, arguments)
+                return await self._own(name, arguments, progress)
             if not self.tools:
                 await self.refresh_tools()
             if name in self.guarded:
@@ -138,9 +271,11 @@ class Proxy:
             log.exception("call_crashed", tool=name)
             return _error("hail-guard failed unexpectedly; nothing more is known. See its log (stderr).")
 
-    async def _own(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+    async def _own(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
         policy.validate_arguments(name, arguments, _OWN[name].input_schema)
         await self.guard.ledger.expire_leases()  # what the agent sees is what is true now
+        if name in _BATCH_TOOLS:
+            return await self._batch_tool(name, arguments, progress)
         if name == "reconcile":
             settled = await self.guard.reconcile(arguments.get("operation_id"))
             return _data({"reconciled": [operation_view(op) for op in settled], "count": len(settled)})
@@ -154,6 +289,38 @@ class Proxy:
             state=state, campaign_id=arguments.get("campaign_id"), limit=arguments.get("limit", 50)
         )
         return _data({"operations": [operation_view(op) for op in operations], "count": len(operations)})
+
+    async def _batch_tool(
+        self, name: str, arguments: dict[str, Any], progress: Progress | None
+    ) -> types.CallToolResult:
+        if name == "plan_batch":
+            if not self.tools:
+                await self.refresh_tools()
+            sends = sends_from_tool(arguments["sends"])
+            batch_id = await self.batches.plan(sends, name=arguments.get("name"), actor="agent")
+            return _data(batch_view(await self.guard.ledger.batch_status(batch_id)))
+        if name == "run_batch":
+            await self.guard.upstream.wait_connected()
+            status = await self.batches.run(
+                arguments["batch_id"], concurrency=arguments.get("concurrency", 4), progress=progress
+            )
+            return _data(batch_view(status))
+        if name == "batch_status":
+            return _data(batch_view(await self.guard.ledger.batch_status(arguments["batch_id"])))
+        opt_out = Suppression(
+            recipient=arguments["recipient"],
+            channel=arguments.get("channel", "all"),
+            reason=arguments["reason"],
+            source=arguments.get("source", "agent"),
+        )
+        cancelled = await self.guard.ledger.add_suppression(opt_out, actor="agent")
+        return _data(
+            {
+                "recipient": normalise_recipient(opt_out.recipient),
+                "channel": opt_out.channel,
+                "cancelled_operations": cancelled,
+            }
+        )
 
     async def _find(self, arguments: Mapping[str, Any]) -> Operation:
         if "operation_id" in arguments:
@@ -173,10 +340,13 @@ def build_server(proxy: Proxy) -> Server[Any]:
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         await proxy.refresh_tools()
-        return types.ListToolsResult(tools=[*proxy.tools.values(), *OWN_TOOLS])
+        return types.ListToolsResult(tools=proxy.listed_tools())
 
     async def on_call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-        return await proxy.call(params.name, dict(params.arguments or {}))
+        async def progress(done: int, total: int | None) -> None:
+            await ctx.session.report_progress(done, total, f"{done} sent")
+
+        return await proxy.call(params.name, dict(params.arguments or {}), progress)
 
     return Server(
         "hail-guard",
@@ -203,6 +373,15 @@ _NEXT_STEP = {
 }
 
 
+def call_outcome(result: types.CallToolResult) -> str:
+    """A guarded send's state (or `replayed`), else `ok` / `error`: a small, fixed set of labels."""
+    data = result.structured_content if isinstance(result.structured_content, dict) else {}
+    view = data.get("hail_guard")
+    if isinstance(view, dict) and isinstance(view.get("state"), str):
+        return "replayed" if view.get("replayed") else str(view["state"])
+    return "error" if result.is_error else "ok"
+
+
 def next_step(operation: Operation) -> str:
     return _NEXT_STEP[operation.state].format(id=operation.id)
 
@@ -218,6 +397,7 @@ def operation_view(operation: Operation, *, replayed: bool | None = None) -> dic
         "attempts": operation.attempts,
         "last_error": operation.last_error,
         "review_reason": operation.review_reason,
+        "cancel_reason": operation.cancel_reason,
         "created_at": operation.created_at.isoformat(),
         "updated_at": operation.updated_at.isoformat(),
         "next_step": next_step(operation),
@@ -227,6 +407,22 @@ def operation_view(operation: Operation, *, replayed: bool | None = None) -> dic
     if replayed is not None:
         view["replayed"] = replayed
     return view
+
+
+def batch_view(status: BatchStatus) -> dict[str, Any]:
+    unresolved = [operation_view(op) for op in status.unresolved]
+    return {
+        "batch_id": status.batch_id,
+        "name": status.name,
+        "total": status.total,
+        "counts": {state.value: count for state, count in status.counts.items()},
+        "unresolved": unresolved,
+        "next_step": (
+            "run_batch sends what is ready; unresolved sends are settled by reconcile or a human"
+            if status.counts.get(State.READY) or unresolved
+            else "nothing left to send"
+        ),
+    }
 
 
 def _send_result(report: SendReport) -> types.CallToolResult:

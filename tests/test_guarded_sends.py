@@ -149,7 +149,13 @@ async def test_upstream_tools_are_listed_verbatim_beside_our_own(tmp_path: Path)
         assert {"reconcile", "get_operation", "list_operations"} <= set(listed)
         assert {"send_email", "send_sms", "place_call", "whoami", "create_contact"} <= set(listed)
         assert harness.proxy.guarded == {"send_email", "send_sms", "place_call"}
-        assert listed["send_email"].input_schema == harness.proxy.tools["send_email"].input_schema
+        upstream_schema = harness.proxy.tools["send_email"].input_schema
+        listed_schema = listed["send_email"].input_schema
+        assert {**listed_schema, "properties": {**listed_schema["properties"]}} != upstream_schema
+        listed_schema["properties"].pop("allow_duplicate")
+        assert listed_schema == upstream_schema
+        assert listed["send_email"].description == harness.proxy.tools["send_email"].description
+        assert listed["whoami"] == harness.proxy.tools["whoami"]
         assert listed["send_email"].annotations == harness.proxy.tools["send_email"].annotations
 
 

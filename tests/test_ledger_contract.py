@@ -6,9 +6,9 @@ import anyio
 import pytest
 
 from hail_guard import keys
-from hail_guard.errors import LeaseLost, NotFound
+from hail_guard.errors import LeaseLost, NotFound, ProbableDuplicate, RefusedByPolicy, Suppressed
 from hail_guard.ledger import Ledger
-from hail_guard.models import Intent, Outcome, State
+from hail_guard.models import Intent, Outcome, State, Suppression
 
 
 def intent(key: str = "c1:l1:email:intro", body: str = "Hello") -> Intent:
@@ -172,3 +172,117 @@ async def test_the_stored_request_is_the_exact_text_given(ledger: Ledger) -> Non
     op = (await ledger.begin_send(given, owner="w1", lease_seconds=60)).operation
     assert op.request == given.request
     assert op.arguments()["idempotency_key"] == given.idempotency_key
+
+
+def batch_intents(n: int, prefix: str = "b") -> list[Intent]:
+    return [
+        intent(f"{prefix}:{i}", body=f"Hello {i}").model_copy(
+            update={"recipients": (f"lead{i}@example.com",), "content_fingerprint": f"{prefix}-content-{i}"}
+        )
+        for i in range(n)
+    ]
+
+
+async def test_a_batch_is_planned_whole_and_claimed_in_order(ledger: Ledger) -> None:
+    await ledger.plan_batch(batch_id="B1", name="spring", intents=batch_intents(5), state=State.READY, actor="op")
+    status = await ledger.batch_status("B1")
+    assert (status.name, status.counts, status.unresolved) == ("spring", {State.READY: 5}, [])
+    claimed = await ledger.claim_ready(owner="w1", lease_seconds=60, batch_id="B1", limit=2)
+    assert [op.idempotency_key for op in claimed] == ["b:0", "b:1"]
+    assert all(op.state is State.SENDING and op.lease_owner == "w1" and op.attempts == 1 for op in claimed)
+    assert (await ledger.batch_status("B1")).counts == {State.READY: 3, State.SENDING: 2}
+
+
+async def test_a_batch_with_a_known_key_plans_nothing(ledger: Ledger) -> None:
+    await ledger.begin_send(intent("b:3", body="Hello 3"), owner="w1", lease_seconds=60)
+    with pytest.raises(RefusedByPolicy, match=r"send 4 \(key 'b:3'"):
+        await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(5), state=State.READY, actor="op")
+    assert await ledger.list_operations(batch_id="B1") == []
+    with pytest.raises(NotFound):
+        await ledger.batch_status("B1")
+
+
+async def test_planned_operations_wait_for_approval(ledger: Ledger) -> None:
+    await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(3), state=State.PLANNED, actor="op")
+    assert await ledger.claim_ready(owner="w1", lease_seconds=60, limit=10) == []
+    assert await ledger.approve_batch("B1", actor="alice") == 3
+    assert len(await ledger.claim_ready(owner="w1", lease_seconds=60, limit=10)) == 3
+    events = await ledger.events((await ledger.list_operations(batch_id="B1"))[0].id)
+    assert [(e.to_state, e.actor) for e in events][:2] == [(State.PLANNED, "op"), (State.READY, "alice")]
+    with pytest.raises(NotFound):
+        await ledger.approve_batch("nope", actor="alice")
+
+
+async def test_concurrent_claims_never_take_the_same_operation(ledger: Ledger) -> None:
+    await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(30), state=State.READY, actor="op")
+    taken: list[str] = []
+
+    async def worker(name: str) -> None:
+        while claimed := await ledger.claim_ready(owner=name, lease_seconds=60, limit=2):
+            taken.extend(op.id for op in claimed)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(4):
+            tg.start_soon(worker, f"w{n}")
+    assert len(taken) == len(set(taken)) == 30
+
+
+async def test_an_opt_out_cancels_unforwarded_sends_and_wins_over_the_claim(ledger: Ledger) -> None:
+    await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(3), state=State.PLANNED, actor="op")
+    await ledger.approve_batch("B1", actor="op")
+    stop = Suppression(recipient=" Lead1@Example.com ", channel="email", reason="STOP", source="sms reply")
+    cancelled = await ledger.add_suppression(stop, actor="agent")
+    assert len(cancelled) == 1
+    cancelled_op = await ledger.get(cancelled[0])
+    assert (cancelled_op.state, cancelled_op.recipients) == (State.CANCELLED, ["lead1@example.com"])
+    assert "STOP" in (cancelled_op.cancel_reason or "")
+    claimed = await ledger.claim_ready(owner="w1", lease_seconds=60, limit=10)
+    assert sorted(op.recipients[0] for op in claimed) == ["lead0@example.com", "lead2@example.com"]
+    assert await ledger.is_suppressed(["LEAD1@example.com"], "email")
+    assert not await ledger.is_suppressed(["lead1@example.com"], "sms")
+    assert [s.recipient for s in await ledger.list_suppressions()] == ["lead1@example.com"]
+
+
+async def test_an_opt_out_on_all_channels_refuses_a_new_send(ledger: Ledger) -> None:
+    await ledger.add_suppression(Suppression(recipient="a@example.com", reason="r", source="s"), actor="op")
+    with pytest.raises(Suppressed, match="opted out"):
+        await ledger.begin_send(intent(), owner="w1", lease_seconds=60)
+    assert await ledger.find_by_key(intent().idempotency_key) is None
+    assert await ledger.remove_suppression("A@example.com", "all")
+    assert (await ledger.begin_send(intent(), owner="w1", lease_seconds=60)).claimed
+
+
+async def test_a_batch_to_an_opted_out_recipient_plans_it_cancelled(ledger: Ledger) -> None:
+    await ledger.add_suppression(
+        Suppression(recipient="lead2@example.com", channel="email", reason="r", source="s"), actor="op"
+    )
+    await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(3), state=State.READY, actor="op")
+    assert (await ledger.batch_status("B1")).counts == {State.READY: 2, State.CANCELLED: 1}
+
+
+async def test_a_new_key_for_live_content_is_a_probable_duplicate(ledger: Ledger) -> None:
+    first = (await ledger.begin_send(intent("k1"), owner="w1", lease_seconds=60)).operation
+    with pytest.raises(ProbableDuplicate) as refused:
+        await ledger.begin_send(intent("k2"), owner="w1", lease_seconds=60, duplicate_window_seconds=3600)
+    assert refused.value.operation_id == first.id
+    assert await ledger.find_by_key("k2") is None
+    deliberate = intent("k2").model_copy(update={"allow_duplicate": True})
+    assert (await ledger.begin_send(deliberate, owner="w1", lease_seconds=60, duplicate_window_seconds=3600)).claimed
+
+
+async def test_the_same_key_again_is_not_a_duplicate_of_itself(ledger: Ledger) -> None:
+    await ledger.begin_send(intent("k1"), owner="w1", lease_seconds=60, duplicate_window_seconds=3600)
+    again = await ledger.begin_send(intent("k1"), owner="w1", lease_seconds=60, duplicate_window_seconds=3600)
+    assert not again.claimed
+
+
+async def test_failed_content_may_be_sent_again_under_a_new_key(ledger: Ledger) -> None:
+    op = (await ledger.begin_send(intent("k1"), owner="w1", lease_seconds=60)).operation
+    await ledger.record_outcome(op.id, owner="w1", outcome=Outcome(state=State.FAILED, reason="402"), actor="w1")
+    assert (await ledger.begin_send(intent("k2"), owner="w1", lease_seconds=60, duplicate_window_seconds=3600)).claimed
+
+
+async def test_counts_by_state(ledger: Ledger) -> None:
+    await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(3), state=State.READY, actor="op")
+    await ledger.claim_ready(owner="w1", lease_seconds=60)
+    assert await ledger.count_by_state() == {State.READY: 2, State.SENDING: 1}

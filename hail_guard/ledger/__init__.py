@@ -11,14 +11,14 @@ Leases and deadlines use the database's clock, so several processes agree on the
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
 from hail_guard.errors import ConfigError
-from hail_guard.models import Event, Intent, Operation, Outcome, State
+from hail_guard.models import BatchStatus, Event, Intent, Operation, Outcome, State, Suppression
 
 
 @dataclass(frozen=True)
@@ -34,20 +34,63 @@ class Ledger(Protocol):
     async def now(self) -> datetime:
         """The database's clock."""
 
-    async def begin_send(self, intent: Intent, *, owner: str, lease_seconds: float) -> Begin:
+    async def begin_send(
+        self, intent: Intent, *, owner: str, lease_seconds: float, duplicate_window_seconds: float | None = None
+    ) -> Begin:
         """Record the intent as `sending` under a lease, atomically with the key lookup.
 
         An existing `ready` operation with the same request is claimed; any other existing
-        operation is returned unclaimed for the caller to answer from.
+        operation is returned unclaimed for the caller to answer from. A new key is refused
+        (`Suppressed`) when a recipient opted out, and (`ProbableDuplicate`) when a live operation
+        with the same content was created within the duplicate window.
         """
 
     async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
         """Fenced: only the holder of the current claim (`owner`) may record; else `LeaseLost`."""
 
     async def claim_unknown(
-        self, *, owner: str, lease_seconds: float, operation_id: str | None = None, limit: int = 100
+        self,
+        *,
+        owner: str,
+        lease_seconds: float,
+        operation_id: str | None = None,
+        batch_id: str | None = None,
+        limit: int = 100,
     ) -> list[Operation]:
         """Claim `unknown` operations for reconcile: one by id, or every one that is due."""
+
+    async def plan_batch(
+        self,
+        *,
+        batch_id: str,
+        name: str | None,
+        intents: Sequence[Intent],
+        state: State,
+        actor: str,
+        duplicate_window_seconds: float | None = None,
+    ) -> None:
+        """Record a whole batch (`planned` or `ready`) or nothing; opted-out recipients start `cancelled`."""
+
+    async def approve_batch(self, batch_id: str, *, actor: str) -> int:
+        """`planned` -> `ready` for the batch; returns how many."""
+
+    async def claim_ready(
+        self, *, owner: str, lease_seconds: float, batch_id: str | None = None, limit: int = 1
+    ) -> list[Operation]:
+        """Atomically take `ready` operations whose recipients have not opted out: `sending` under a lease."""
+
+    async def batch_status(self, batch_id: str) -> BatchStatus: ...
+
+    async def count_by_state(self) -> dict[State, int]: ...
+
+    async def add_suppression(self, suppression: Suppression, *, actor: str) -> list[str]:
+        """Record an opt-out and cancel every unforwarded operation to that recipient; returns their ids."""
+
+    async def remove_suppression(self, recipient: str, channel: str) -> bool: ...
+
+    async def list_suppressions(self) -> list[Suppression]: ...
+
+    async def is_suppressed(self, recipients: Sequence[str], channel: str) -> bool: ...
 
     async def get(self, operation_id: str) -> Operation:
         """The operation, or `NotFound`."""
@@ -55,7 +98,12 @@ class Ledger(Protocol):
     async def find_by_key(self, idempotency_key: str) -> Operation | None: ...
 
     async def list_operations(
-        self, *, state: State | None = None, campaign_id: str | None = None, limit: int = 100
+        self,
+        *,
+        state: State | None = None,
+        campaign_id: str | None = None,
+        batch_id: str | None = None,
+        limit: int = 100,
     ) -> list[Operation]: ...
 
     async def events(self, operation_id: str) -> list[Event]: ...

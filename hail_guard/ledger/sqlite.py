@@ -20,20 +20,38 @@ from typing import Any
 import aiosqlite
 import anyio
 
-from hail_guard.errors import HailGuardError, LeaseLost, LedgerUnavailable, NotFound, SchemaTooNew
+from hail_guard.errors import (
+    HailGuardError,
+    LeaseLost,
+    LedgerUnavailable,
+    NotFound,
+    ProbableDuplicate,
+    RefusedByPolicy,
+    SchemaTooNew,
+    Suppressed,
+)
 from hail_guard.ledger import Begin
-from hail_guard.models import Event, Intent, Operation, Outcome, State
+from hail_guard.models import (
+    BatchStatus,
+    Event,
+    Intent,
+    Operation,
+    Outcome,
+    State,
+    Suppression,
+    normalise_recipient,
+)
 
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 """The database clock, in Unix epoch seconds."""
 
 _COLUMNS = (
     "id, idempotency_key, tool, channel, recipients, request, request_fingerprint, content_fingerprint, "
-    "campaign_id, lead_id, message_id, batch_id, state, provider_id, result, last_error, review_reason, "
+    "campaign_id, lead_id, message_id, batch_id, state, provider_id, result, last_error, review_reason, cancel_reason, "
     "attempts, lease_owner, lease_expires_at, not_before, next_check_at, created_at, updated_at, "
     "first_sent_at"
 )
-_SELECT = f"SELECT {_COLUMNS} FROM operations"  # noqa: S608  (constant column list)
+_SELECT = f"SELECT {_COLUMNS} FROM operations"
 _TIME_COLUMNS = frozenset(
     {"lease_expires_at", "not_before", "next_check_at", "created_at", "updated_at", "first_sent_at"}
 )
@@ -42,29 +60,63 @@ _EXPIRE_LEASES = f"""
     UPDATE operations SET state = 'unknown', updated_at = {NOW}, next_check_at = {NOW}
     WHERE state = 'sending' AND lease_expires_at <= {NOW}
     RETURNING id
-"""  # noqa: S608
+"""
+_SUPPRESSED = """EXISTS (
+    SELECT 1 FROM suppressions s, json_each(operations.recipients) r
+    WHERE s.recipient = lower(trim(r.value)) AND s.channel IN (operations.channel, 'all'))"""
+"""True for an operation any of whose recipients opted out of its channel."""
 _INSERT = f"""
     INSERT INTO operations (id, idempotency_key, tool, channel, recipients, request, request_fingerprint,
         content_fingerprint, campaign_id, lead_id, message_id, batch_id, state, attempts, lease_owner,
         lease_expires_at, created_at, updated_at, first_sent_at)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'sending', 1, ?, {NOW} + ?, {NOW}, {NOW}, {NOW})
-"""  # noqa: S608
-_CLAIM_READY = f"""
+"""
+_INSERT_PLANNED = f"""
+    INSERT INTO operations (id, idempotency_key, tool, channel, recipients, request, request_fingerprint,
+        content_fingerprint, campaign_id, lead_id, message_id, batch_id, state, created_at, updated_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {NOW}, {NOW})
+"""
+_CLAIM_READY_BY_KEY = f"""
     UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = ?,
         lease_expires_at = {NOW} + ?, updated_at = {NOW}, first_sent_at = COALESCE(first_sent_at, {NOW})
     WHERE id = ? AND state = 'ready' AND request_fingerprint = ? AND COALESCE(not_before, 0) <= {NOW}
-"""  # noqa: S608
+      AND NOT {_SUPPRESSED}
+"""
+_CLAIM_READY = f"""
+    UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = ?,
+        lease_expires_at = {NOW} + ?, updated_at = {NOW}, first_sent_at = COALESCE(first_sent_at, {NOW})
+    WHERE id IN (
+        SELECT id FROM operations
+        WHERE state = 'ready' AND (? IS NULL OR batch_id = ?) AND COALESCE(not_before, 0) <= {NOW}
+          AND NOT {_SUPPRESSED}
+        ORDER BY created_at, rowid LIMIT ?)
+    RETURNING {_COLUMNS}
+"""
 _CLAIM_UNKNOWN = f"""
     UPDATE operations SET attempts = attempts + 1, lease_owner = ?, lease_expires_at = {NOW} + ?,
         updated_at = {NOW}
     WHERE id IN (
         SELECT id FROM operations
-        WHERE state = 'unknown'
+        WHERE state = 'unknown' AND (? IS NULL OR batch_id = ?)
           AND (? IS NOT NULL AND id = ? OR ? IS NULL AND COALESCE(next_check_at, 0) <= {NOW})
           AND COALESCE(lease_expires_at, 0) <= {NOW}
         ORDER BY next_check_at LIMIT ?)
     RETURNING {_COLUMNS}
-"""  # noqa: S608
+"""
+_CANCEL_SUPPRESSED = f"""
+    UPDATE operations SET state = 'cancelled', cancel_reason = ?, updated_at = {NOW}
+    WHERE state IN ('planned', 'ready') AND {_SUPPRESSED}
+    RETURNING id, state
+"""
+_LIVE_DUPLICATE = f"""
+    {_SELECT} WHERE content_fingerprint = ? AND idempotency_key != ?
+      AND state IN ('planned', 'ready', 'sending', 'accepted', 'unknown', 'needs_review')
+      AND created_at >= {NOW} - ?
+    ORDER BY created_at DESC LIMIT 1
+"""
+_LEASE_EXPIRED = "lease expired while sending: the request may have left"
+_CHUNK = 500
+"""Bound on the host parameters of one statement."""
 _RECORD = f"""
     UPDATE operations SET state = ?, provider_id = COALESCE(?, provider_id), result = COALESCE(?, result),
         last_error = COALESCE(?, last_error), review_reason = ?,
@@ -72,10 +124,10 @@ _RECORD = f"""
         next_check_at = CASE WHEN ? IS NULL THEN NULL ELSE {NOW} + ? END,
         lease_expires_at = NULL, updated_at = {NOW}
     WHERE id = ? AND lease_owner = ? AND state IN ('sending', 'unknown')
-"""  # noqa: S608
+"""
 _EVENT = f"""
     INSERT INTO events (operation_id, at, from_state, to_state, actor, reason) VALUES (?, {NOW}, ?, ?, ?, ?)
-"""  # noqa: S608
+"""
 
 
 class SqliteLedger:
@@ -90,38 +142,158 @@ class SqliteLedger:
         assert row is not None
         return _time(row[0])
 
-    async def begin_send(self, intent: Intent, *, owner: str, lease_seconds: float) -> Begin:
+    async def begin_send(
+        self, intent: Intent, *, owner: str, lease_seconds: float, duplicate_window_seconds: float | None = None
+    ) -> Begin:
         async with self._write() as db:
-            await self._expire(db, "lease expired while sending: the request may have left")
+            await self._expire(db, _LEASE_EXPIRED)
             existing = await _one(db, f"{_SELECT} WHERE idempotency_key = ?", (intent.idempotency_key,))
             if existing is None:
+                await _refuse_unsendable(db, intent, duplicate_window_seconds)
                 operation_id = str(uuid.uuid4())
-                await db.execute(
-                    _INSERT,
-                    (
-                        operation_id,
-                        intent.idempotency_key,
-                        intent.tool,
-                        intent.channel,
-                        json.dumps(list(intent.recipients)),
-                        intent.request,
-                        intent.request_fingerprint,
-                        intent.content_fingerprint,
-                        intent.campaign_id,
-                        intent.lead_id,
-                        intent.message_id,
-                        intent.batch_id,
-                        owner,
-                        lease_seconds,
-                    ),
-                )
+                await db.execute(_INSERT, (operation_id, *_intent_values(intent), owner, lease_seconds))
                 await _event(db, operation_id, None, State.SENDING, owner, "intent recorded; forwarding")
                 return Begin(await _must(db, operation_id), claimed=True)
-            claimed = await db.execute(_CLAIM_READY, (owner, lease_seconds, existing.id, intent.request_fingerprint))
+            claimed = await db.execute(
+                _CLAIM_READY_BY_KEY, (owner, lease_seconds, existing.id, intent.request_fingerprint)
+            )
             if claimed.rowcount == 1:
                 await _event(db, existing.id, State.READY, State.SENDING, owner, "claimed; forwarding")
                 return Begin(await _must(db, existing.id), claimed=True)
             return Begin(existing, claimed=False)
+
+    async def plan_batch(
+        self,
+        *,
+        batch_id: str,
+        name: str | None,
+        intents: Sequence[Intent],
+        state: State,
+        actor: str,
+        duplicate_window_seconds: float | None = None,
+    ) -> None:
+        async with self._write() as db:
+            await db.execute(
+                f"INSERT INTO batches (id, name, created_by, created_at) VALUES (?, ?, ?, {NOW})",
+                (batch_id, name, actor),
+            )
+            await _refuse_known_keys(db, intents)
+            for position, intent in enumerate(intents, start=1):
+                try:
+                    await _refuse_unsendable(db, intent, duplicate_window_seconds, check_suppression=False)
+                except ProbableDuplicate as exc:
+                    raise ProbableDuplicate(f"send {position}: {exc}", operation_id=exc.operation_id) from None
+            rows = [(str(uuid.uuid4()), intent) for intent in intents]
+            await db.executemany(
+                _INSERT_PLANNED,
+                [
+                    (op_id, *_intent_values(intent.model_copy(update={"batch_id": batch_id})), state.value)
+                    for op_id, intent in rows
+                ],
+            )
+            await db.executemany(
+                f"INSERT INTO events (operation_id, at, from_state, to_state, actor, reason) "
+                f"VALUES (?, {NOW}, NULL, ?, ?, ?)",
+                [(op_id, state.value, actor, f"planned in batch {batch_id}") for op_id, _ in rows],
+            )
+            await self._cancel_suppressed(db, actor, "the recipient opted out before the send")
+
+    async def approve_batch(self, batch_id: str, *, actor: str) -> int:
+        async with self._write() as db:
+            await _must_batch(db, batch_id)
+            approved = [
+                row[0]
+                for row in await (
+                    await db.execute(
+                        f"UPDATE operations SET state = 'ready', updated_at = {NOW} "
+                        "WHERE batch_id = ? AND state = 'planned' RETURNING id",
+                        (batch_id,),
+                    )
+                ).fetchall()
+            ]
+            for operation_id in approved:
+                await _event(db, operation_id, State.PLANNED, State.READY, actor, "batch approved")
+            return len(approved)
+
+    async def claim_ready(
+        self, *, owner: str, lease_seconds: float, batch_id: str | None = None, limit: int = 1
+    ) -> list[Operation]:
+        async with self._write() as db:
+            await self._expire(db, _LEASE_EXPIRED)
+            cursor = await db.execute(_CLAIM_READY, (owner, lease_seconds, batch_id, batch_id, limit))
+            claimed = [_operation(row) for row in await cursor.fetchall()]
+            for operation in claimed:
+                await _event(db, operation.id, State.READY, State.SENDING, owner, "claimed; forwarding")
+            return claimed
+
+    async def batch_status(self, batch_id: str) -> BatchStatus:
+        async with self._read() as db:
+            name = await _must_batch(db, batch_id)
+            cursor = await db.execute(
+                "SELECT state, COUNT(*) FROM operations WHERE batch_id = ? GROUP BY state", (batch_id,)
+            )
+            counts = {State(row[0]): int(row[1]) for row in await cursor.fetchall()}
+            cursor = await db.execute(
+                f"{_SELECT} WHERE batch_id = ? AND state IN ('sending', 'unknown', 'needs_review') "
+                "ORDER BY created_at LIMIT 100",
+                (batch_id,),
+            )
+            unresolved = [_operation(row) for row in await cursor.fetchall()]
+        return BatchStatus(batch_id=batch_id, name=name, counts=counts, unresolved=unresolved)
+
+    async def count_by_state(self) -> dict[State, int]:
+        async with self._read() as db:
+            cursor = await db.execute("SELECT state, COUNT(*) FROM operations GROUP BY state")
+            return {State(row[0]): int(row[1]) for row in await cursor.fetchall()}
+
+    async def add_suppression(self, suppression: Suppression, *, actor: str) -> list[str]:
+        async with self._write() as db:
+            await db.execute(
+                f"INSERT INTO suppressions (recipient, channel, reason, source, created_at) "
+                f"VALUES (?, ?, ?, ?, {NOW}) ON CONFLICT (recipient, channel) "
+                "DO UPDATE SET reason = excluded.reason, source = excluded.source",
+                (
+                    normalise_recipient(suppression.recipient),
+                    suppression.channel,
+                    suppression.reason,
+                    suppression.source,
+                ),
+            )
+            reason = f"the recipient opted out: {suppression.reason} (source: {suppression.source})"
+            return await self._cancel_suppressed(db, actor, reason)
+
+    async def remove_suppression(self, recipient: str, channel: str) -> bool:
+        async with self._write() as db:
+            cursor = await db.execute(
+                "DELETE FROM suppressions WHERE recipient = ? AND channel = ?",
+                (normalise_recipient(recipient), channel),
+            )
+            return bool(cursor.rowcount)
+
+    async def list_suppressions(self) -> list[Suppression]:
+        async with self._read() as db:
+            cursor = await db.execute(
+                "SELECT recipient, channel, reason, source, created_at FROM suppressions ORDER BY created_at"
+            )
+            return [
+                Suppression(recipient=r[0], channel=r[1], reason=r[2], source=r[3], created_at=_time(r[4]))
+                for r in await cursor.fetchall()
+            ]
+
+    async def is_suppressed(self, recipients: Sequence[str], channel: str) -> bool:
+        async with self._read() as db:
+            return await _suppressed(db, recipients, channel)
+
+    async def _cancel_suppressed(self, db: aiosqlite.Connection, actor: str, reason: str) -> list[str]:
+        pending = await (
+            await db.execute(f"SELECT id, state FROM operations WHERE state IN ('planned', 'ready') AND {_SUPPRESSED}")
+        ).fetchall()
+        if not pending:
+            return []
+        await db.execute(_CANCEL_SUPPRESSED, (reason,))
+        for operation_id, state in pending:
+            await _event(db, operation_id, State(state), State.CANCELLED, actor, reason)
+        return [row[0] for row in pending]
 
     async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
         result = json.dumps(outcome.result) if outcome.result is not None else None
@@ -152,12 +324,19 @@ class SqliteLedger:
             return await _must(db, operation_id)
 
     async def claim_unknown(
-        self, *, owner: str, lease_seconds: float, operation_id: str | None = None, limit: int = 100
+        self,
+        *,
+        owner: str,
+        lease_seconds: float,
+        operation_id: str | None = None,
+        batch_id: str | None = None,
+        limit: int = 100,
     ) -> list[Operation]:
         async with self._write() as db:
-            await self._expire(db, "lease expired while sending: the request may have left")
+            await self._expire(db, _LEASE_EXPIRED)
             cursor = await db.execute(
-                _CLAIM_UNKNOWN, (owner, lease_seconds, operation_id, operation_id, operation_id, limit)
+                _CLAIM_UNKNOWN,
+                (owner, lease_seconds, batch_id, batch_id, operation_id, operation_id, operation_id, limit),
             )
             return [_operation(row) for row in await cursor.fetchall()]
 
@@ -170,15 +349,21 @@ class SqliteLedger:
             return await _one(db, f"{_SELECT} WHERE idempotency_key = ?", (idempotency_key,))
 
     async def list_operations(
-        self, *, state: State | None = None, campaign_id: str | None = None, limit: int = 100
+        self,
+        *,
+        state: State | None = None,
+        campaign_id: str | None = None,
+        batch_id: str | None = None,
+        limit: int = 100,
     ) -> list[Operation]:
         query = (
             f"{_SELECT} WHERE (? IS NULL OR state = ?) AND (? IS NULL OR campaign_id = ?) "
-            "ORDER BY created_at DESC, id LIMIT ?"
+            "AND (? IS NULL OR batch_id = ?) ORDER BY created_at DESC, rowid DESC LIMIT ?"
         )
         state_value = state.value if state is not None else None
+        params = (state_value, state_value, campaign_id, campaign_id, batch_id, batch_id, limit)
         async with self._read() as db:
-            cursor = await db.execute(query, (state_value, state_value, campaign_id, campaign_id, limit))
+            cursor = await db.execute(query, params)
             return [_operation(row) for row in await cursor.fetchall()]
 
     async def events(self, operation_id: str) -> list[Event]:
@@ -202,7 +387,7 @@ class SqliteLedger:
 
     async def expire_leases(self) -> int:
         async with self._write() as db:
-            return await self._expire(db, "lease expired while sending: the request may have left")
+            return await self._expire(db, _LEASE_EXPIRED)
 
     async def aclose(self) -> None:
         with _mapped(self._path):
@@ -216,18 +401,20 @@ class SqliteLedger:
 
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[aiosqlite.Connection]:
-        """One `BEGIN IMMEDIATE` transaction: committed on success, rolled back on any error."""
+        """One `BEGIN IMMEDIATE` transaction, committed on success, rolled back on any error.
+
+        Shielded from cancellation: a transaction is short, and one abandoned half-way would leave
+        the connection inside it.
+        """
         async with self._lock:
-            with _mapped(self._path):
+            with _mapped(self._path), anyio.CancelScope(shield=True):
                 await self._db.execute("BEGIN IMMEDIATE")
                 try:
                     yield self._db
                 except BaseException:
-                    with anyio.CancelScope(shield=True):
-                        await self._db.rollback()
+                    await self._db.rollback()
                     raise
-                with anyio.CancelScope(shield=True):
-                    await self._db.commit()
+                await self._db.commit()
 
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[aiosqlite.Connection]:
@@ -336,6 +523,84 @@ def _explain(message: str, path: str) -> str:
     if "unable to open" in lowered:
         return f"cannot open the ledger {path}: check that the folder exists and is writable"
     return f"the ledger {path} failed: {message}"
+
+
+def _intent_values(intent: Intent) -> tuple[Any, ...]:
+    return (
+        intent.idempotency_key,
+        intent.tool,
+        intent.channel,
+        json.dumps(list(intent.recipients)),
+        intent.request,
+        intent.request_fingerprint,
+        intent.content_fingerprint,
+        intent.campaign_id,
+        intent.lead_id,
+        intent.message_id,
+        intent.batch_id,
+    )
+
+
+async def _suppressed(db: aiosqlite.Connection, recipients: Sequence[str], channel: str) -> bool:
+    if not recipients:
+        return False
+    names = [normalise_recipient(r) for r in recipients]
+    marks = ", ".join("?" for _ in names)
+    row = await (
+        await db.execute(
+            f"SELECT 1 FROM suppressions WHERE recipient IN ({marks}) AND channel IN (?, 'all') LIMIT 1",
+            (*names, channel),
+        )
+    ).fetchone()
+    return row is not None
+
+
+async def _refuse_unsendable(
+    db: aiosqlite.Connection, intent: Intent, duplicate_window_seconds: float | None, *, check_suppression: bool = True
+) -> None:
+    """Refuse before recording: an opted-out recipient, or a fresh key for content already sent."""
+    if check_suppression and await _suppressed(db, intent.recipients, intent.channel):
+        raise Suppressed(
+            f"{', '.join(intent.recipients)} opted out of {intent.channel}; nothing was recorded or sent "
+            "(see `hail-guard suppress list`)"
+        )
+    if duplicate_window_seconds is None or intent.allow_duplicate:
+        return
+    earlier = await _one(
+        db, _LIVE_DUPLICATE, (intent.content_fingerprint, intent.idempotency_key, duplicate_window_seconds)
+    )
+    if earlier is not None:
+        raise ProbableDuplicate(
+            f"probable duplicate: operation {earlier.id} (key {earlier.idempotency_key!r}, state "
+            f"{earlier.state.value}) already has this content for {', '.join(earlier.recipients)}; nothing was "
+            "sent. If it is unknown, call `reconcile`; to send it again on purpose, pass allow_duplicate: true",
+            operation_id=earlier.id,
+        )
+
+
+async def _refuse_known_keys(db: aiosqlite.Connection, intents: Sequence[Intent]) -> None:
+    positions = {intent.idempotency_key: n for n, intent in enumerate(intents, start=1)}
+    keys = list(positions)
+    taken: list[str] = []
+    for start in range(0, len(keys), _CHUNK):
+        chunk = keys[start : start + _CHUNK]
+        marks = ", ".join("?" for _ in chunk)
+        cursor = await db.execute(
+            f"SELECT idempotency_key, id FROM operations WHERE idempotency_key IN ({marks})", chunk
+        )
+        taken += [f"send {positions[k]} (key {k!r} is operation {op_id})" for k, op_id in await cursor.fetchall()]
+    if taken:
+        raise RefusedByPolicy(
+            f"{len(taken)} send(s) already exist in the ledger: {'; '.join(taken[:10])}; nothing was planned"
+        )
+
+
+async def _must_batch(db: aiosqlite.Connection, batch_id: str) -> str | None:
+    row = await (await db.execute("SELECT name FROM batches WHERE id = ?", (batch_id,))).fetchone()
+    if row is None:
+        raise NotFound(f"no batch {batch_id}; plan one with `hail-guard batch plan FILE`")
+    name: str | None = row[0]
+    return name
 
 
 async def _one(db: aiosqlite.Connection, query: str, params: Sequence[Any]) -> Operation | None:

@@ -1,0 +1,250 @@
+"""Batches and workers: plan many sends at once, approve, dispatch, resume, share one ledger.
+
+A batch is planned whole or not at all: every send is validated and keyed like a single guarded
+call, then all are recorded in one transaction (`ready`, or `planned` until an operator approves).
+Dispatch reconciles the batch's `unknown` operations first, then claims `ready` ones with bounded
+concurrency; it can be run again at any time and never resends an accepted operation. A worker is
+the same loop, run until stopped, over every batch or one.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+from hail_guard.errors import RefusedByPolicy
+from hail_guard.guard import Guard, claim_token
+from hail_guard.models import BatchStatus, Intent, State
+
+log = structlog.get_logger(__name__)
+
+Progress = Callable[[int, int | None], Awaitable[None]]
+"""Called with (sends done, total) as a batch is dispatched."""
+SchemaOf = Callable[[str], Mapping[str, Any] | None]
+IDLE_POLL_SECONDS = 1.0
+"""How long an idle worker waits before looking for new work."""
+
+
+@dataclass(frozen=True)
+class PlannedSend:
+    tool: str
+    arguments: dict[str, Any]
+    where: str
+    """How errors name this send: `send 3`, `line 4`."""
+
+
+class Batches:
+    """Planning and dispatch over one guard; `schema_of` gives a guarded tool's input schema (or None)."""
+
+    def __init__(self, guard: Guard, schema_of: SchemaOf, *, require_approval: bool = False) -> None:
+        self.guard = guard
+        self.schema_of = schema_of
+        self.require_approval = require_approval
+
+    async def plan(self, sends: Sequence[PlannedSend], *, name: str | None = None, actor: str = "agent") -> str:
+        """Record every send as its own operation; nothing is sent. Returns the batch id."""
+        if not sends:
+            raise RefusedByPolicy("the batch has no sends; give at least one {tool, arguments}")
+        intents = [self._intent(send) for send in sends]
+        _refuse_repeats(sends, intents)
+        batch_id = f"batch-{uuid.uuid4().hex[:12]}"
+        state = State.PLANNED if self.require_approval else State.READY
+        await self.guard.ledger.plan_batch(
+            batch_id=batch_id,
+            name=name,
+            intents=[intent.model_copy(update={"batch_id": batch_id}) for intent in intents],
+            state=state,
+            actor=actor,
+            duplicate_window_seconds=self.guard.duplicate_window_seconds(),
+        )
+        log.info("batch_planned", batch_id=batch_id, sends=len(intents), state=state)
+        return batch_id
+
+    def _intent(self, send: PlannedSend) -> Intent:
+        schema = self.schema_of(send.tool)
+        if schema is None:
+            raise RefusedByPolicy(f"{send.where}: {send.tool!r} is not a guarded send tool of this upstream")
+        try:
+            intent, _ = self.guard.prepare(send.tool, send.arguments, schema)
+        except RefusedByPolicy as exc:
+            raise RefusedByPolicy(f"{send.where}: {exc}; nothing was planned") from None
+        return intent
+
+    async def run(self, batch_id: str, *, concurrency: int = 4, progress: Progress | None = None) -> BatchStatus:
+        """Settle the batch's unknowns, then send what is ready; safe to run again at any time."""
+        before = await self.guard.ledger.batch_status(batch_id)  # NotFound for a batch that does not exist
+        reconciled = await self.guard.reconcile(batch_id=batch_id)
+        if reconciled:
+            log.info("batch_reconciled", batch_id=batch_id, operations=len(reconciled))
+        total = before.counts.get(State.READY, 0)
+        done = 0
+
+        async def on_sent() -> None:
+            nonlocal done
+            done += 1
+            if progress is not None:
+                await progress(done, total)
+
+        await drain(self.guard, concurrency=concurrency, batch_id=batch_id, on_sent=on_sent)
+        return await self.guard.ledger.batch_status(batch_id)
+
+
+async def drain(
+    guard: Guard,
+    *,
+    concurrency: int,
+    batch_id: str | None = None,
+    on_sent: Callable[[], Awaitable[None]] | None = None,
+    stop: anyio.Event | None = None,
+) -> int:
+    """Claim and send `ready` operations with `concurrency` loops until none is left (or `stop` is set)."""
+    sent = 0
+
+    async def loop() -> None:
+        nonlocal sent
+        while stop is None or not stop.is_set():
+            owner = claim_token()
+            claimed = await guard.ledger.claim_ready(
+                owner=owner, lease_seconds=guard.settings.lease, batch_id=batch_id, limit=1
+            )
+            if not claimed:
+                return
+            for operation in claimed:
+                await guard.dispatch(operation, owner)
+                sent += 1
+                if on_sent is not None:
+                    await on_sent()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(max(1, concurrency)):
+            tg.start_soon(loop)
+    return sent
+
+
+async def run_worker(
+    guard: Guard,
+    *,
+    concurrency: int,
+    stop: anyio.Event,
+    batch_id: str | None = None,
+    poll_seconds: float = IDLE_POLL_SECONDS,
+) -> int:
+    """Until `stop` is set: reconcile what is due, send what is ready, then wait for more."""
+    total = 0
+    while not stop.is_set():
+        await guard.reconcile(batch_id=batch_id)
+        sent = await drain(guard, concurrency=concurrency, batch_id=batch_id, stop=stop)
+        total += sent
+        if sent == 0:
+            with anyio.move_on_after(poll_seconds):
+                await stop.wait()
+    log.info("worker_stopped", sent=total)
+    return total
+
+
+def _refuse_repeats(sends: Sequence[PlannedSend], intents: Sequence[Intent]) -> None:
+    """Two sends in one batch may not share a key, nor (unless allowed) the same content."""
+    for attribute, what in (("idempotency_key", "the same key"), ("content_fingerprint", "the same content")):
+        seen: dict[str, str] = {}
+        for send, intent in zip(sends, intents, strict=True):
+            if attribute == "content_fingerprint" and intent.allow_duplicate:
+                continue
+            value = getattr(intent, attribute)
+            if value in seen:
+                raise RefusedByPolicy(
+                    f"{seen[value]} and {send.where} have {what} ({intent.idempotency_key!r}); "
+                    "nothing was planned. Give each send its own metadata ids or key"
+                )
+            seen[value] = send.where
+
+
+def sends_from_tool(arguments: Sequence[object]) -> list[PlannedSend]:
+    """The `sends` argument of the `plan_batch` tool: a list of {tool, arguments}."""
+    return [_planned(item, f"send {position}") for position, item in enumerate(arguments, start=1)]
+
+
+def _planned(item: object, where: str) -> PlannedSend:
+    if not isinstance(item, dict) or not isinstance(item.get("tool"), str):
+        raise RefusedByPolicy(f"{where}: give an object with `tool` and `arguments`; nothing was planned")
+    arguments = item.get("arguments", {})
+    if not isinstance(arguments, dict):
+        raise RefusedByPolicy(f"{where}: `arguments` must be an object; nothing was planned")
+    return PlannedSend(item["tool"], dict(arguments), where)
+
+
+def read_batch_file(path: str, schema_of: SchemaOf) -> list[PlannedSend]:
+    """JSON Lines (`{"tool": ..., "arguments": {...}}` per line) or CSV (see the README)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RefusedByPolicy(f"cannot read the batch file {path}: {exc}") from exc
+    if path.lower().endswith(".csv"):
+        return _csv_sends(text, schema_of)
+    return _jsonl_sends(text)
+
+
+def _jsonl_sends(text: str) -> list[PlannedSend]:
+    sends = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise RefusedByPolicy(f"line {number}: not valid JSON ({exc}); nothing was planned") from None
+        sends.append(_planned(item, f"line {number}"))
+    return sends
+
+
+def _csv_sends(text: str, schema_of: SchemaOf) -> list[PlannedSend]:
+    reader = csv.DictReader(text.splitlines())
+    if reader.fieldnames is None or "tool" not in reader.fieldnames:
+        raise RefusedByPolicy("line 1: a CSV batch needs a header row with a `tool` column")
+    sends = []
+    for number, row in enumerate(reader, start=2):
+        tool = (row.pop("tool") or "").strip()
+        properties = (schema_of(tool) or {}).get("properties", {})
+        arguments: dict[str, Any] = {}
+        for column, cell in row.items():
+            if column is None or cell is None or cell == "":
+                continue
+            try:
+                _put(arguments, column.split("."), _typed(cell, properties.get(column.split(".")[0], {})))
+            except (ValueError, TypeError) as exc:
+                raise RefusedByPolicy(f"line {number}, column {column}: {exc}; nothing was planned") from None
+        sends.append(PlannedSend(tool, arguments, f"line {number}"))
+    return sends
+
+
+def _typed(cell: str, schema: Mapping[str, Any]) -> Any:
+    kinds = schema.get("type", "string")
+    kinds = set(kinds) if isinstance(kinds, list) else {kinds}
+    if "boolean" in kinds:
+        if cell not in ("true", "false"):
+            raise ValueError(f"{cell!r} is not true or false")
+        return cell == "true"
+    if "array" in kinds:
+        return [part.strip() for part in cell.split(";") if part.strip()]
+    if "integer" in kinds:
+        return int(cell)
+    if "number" in kinds:
+        return float(cell)
+    if "object" in kinds:
+        return json.loads(cell)
+    return cell
+
+
+def _put(target: dict[str, Any], path: list[str], value: Any) -> None:
+    for part in path[:-1]:
+        target = target.setdefault(part, {})
+        if not isinstance(target, dict):
+            raise TypeError(f"{part} is both a value and an object")
+    target[path[-1]] = value

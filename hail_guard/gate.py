@@ -1,0 +1,213 @@
+"""The HTTP edge's checks on MCP requests, in order: Host and Origin, bearer token, body size, rate limit.
+
+    403  a Host header not allowed (loopback names, the bound address, `[http] allowed_hosts`), or a
+         browser Origin not allowed (loopback origins, `[http] allowed_origins`): DNS rebinding
+    401  a missing or wrong `Authorization: Bearer` token (compared in constant time), with
+         `WWW-Authenticate`; no check when no token is configured (loopback only, see `web`)
+    413  a body over `[http] max_body_bytes` (declared or streamed)
+    429  `tools/call` messages over `[http] rate_limit_per_minute` per client address, with `Retry-After`
+
+Refusals are JSON-RPC error bodies, so an MCP client shows the reason. The token is never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import math
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import structlog
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from hail_guard.config import HttpSettings
+from hail_guard.metrics import Metrics
+
+log = structlog.get_logger(__name__)
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+_MAX_CLIENTS = 10_000
+"""Rate-limit buckets kept before idle ones are forgotten."""
+
+
+class Gate:
+    """ASGI middleware: checks requests to `paths` (prefixes); everything else passes untouched."""
+
+    def __init__(self, app: ASGIApp, *, paths: tuple[str, ...], settings: HttpSettings, metrics: Metrics) -> None:
+        self.app, self.paths, self.metrics = app, paths, metrics
+        self.token = settings.bearer_token()
+        self.hosts, self.origins = allowed_hosts(settings), tuple(settings.allowed_origins)
+        self.max_body_bytes = settings.max_body_bytes
+        self.limiter = RateLimiter(settings.rate_limit_per_minute)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(self.paths):
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        refusal = self._check(headers)
+        if refusal is None and scope["method"] == "POST":
+            body = await _read_body(receive, self.max_body_bytes, headers)
+            if body is None:
+                refusal = _refused(413, f"the request body is larger than {self.max_body_bytes} bytes")
+            else:
+                refusal = self._limit(scope, body)
+                receive = _replaying(body, receive)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        self.metrics.refused(refusal.status_code)
+        client = scope.get("client")
+        log.info("http_refused", status=refusal.status_code, path=scope["path"], client=client[0] if client else None)
+        await refusal(scope, receive, send)
+
+    def _check(self, headers: Headers) -> Response | None:
+        if not _host_allowed(headers.get("host"), self.hosts):
+            return _refused(403, "this Host is not allowed; add it to [http] allowed_hosts")
+        if not _origin_allowed(headers.get("origin"), self.origins):
+            return _refused(403, "this Origin is not allowed; add it to [http] allowed_origins")
+        if self.token is None:
+            return None
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        if not given:
+            return _refused(401, "a bearer token is required", {"WWW-Authenticate": 'Bearer realm="hail-guard"'})
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token.encode()):
+            challenge = 'Bearer realm="hail-guard", error="invalid_token"'
+            return _refused(401, "the bearer token is not valid", {"WWW-Authenticate": challenge})
+        return None
+
+    def _limit(self, scope: Scope, body: bytes) -> Response | None:
+        calls = _tool_calls(body)
+        client = scope.get("client")
+        wait = self.limiter.take(client[0] if client else "unknown", calls) if calls else 0.0
+        if not wait:
+            return None
+        seconds = max(1, math.ceil(wait))
+        message = f"rate limit: too many tool calls from this client; retry after {seconds} s"
+        return _refused(429, message, {"Retry-After": str(seconds)}, {"retry_after_seconds": seconds})
+
+
+def _refused(status: int, message: str, headers: dict[str, str] | None = None, data: Any = None) -> Response:
+    error: dict[str, Any] = {"code": -32600, "message": f"HTTP {status}: {message}"}
+    if data is not None:
+        error["data"] = data
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=status, headers=headers)
+
+
+class RateLimiter:
+    """A token bucket per client: `per_minute` calls in a burst, refilled evenly; 0: no limit."""
+
+    def __init__(self, per_minute: int) -> None:
+        self.capacity, self.per_second = float(per_minute), per_minute / 60.0
+        self.buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, at)
+
+    def take(self, client: str, count: int = 1) -> float:
+        """0 when `count` calls may go now (and takes them), else the seconds to wait."""
+        if not self.capacity:
+            return 0.0
+        now = time.monotonic()
+        tokens, at = self.buckets.get(client, (self.capacity, now))
+        tokens = min(self.capacity, tokens + (now - at) * self.per_second)
+        if tokens < count:
+            self.buckets[client] = (tokens, now)
+            return (min(count, self.capacity) - tokens) / self.per_second
+        self.buckets[client] = (tokens - count, now)
+        if len(self.buckets) > _MAX_CLIENTS:
+            horizon = now - self.capacity / self.per_second
+            self.buckets = {key: value for key, value in self.buckets.items() if value[1] > horizon}
+        return 0.0
+
+
+def _tool_calls(body: bytes) -> int:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return 0
+    messages = parsed if isinstance(parsed, list) else [parsed]
+    return sum(1 for message in messages if isinstance(message, dict) and message.get("method") == "tools/call")
+
+
+async def _read_body(receive: Receive, limit: int, headers: Headers) -> bytes | None:
+    """The whole body, or None when it is (or says it is) over `limit` bytes."""
+    declared = headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+def _split_host(value: str) -> tuple[str, str]:
+    """`name:port` (or `[v6]:port`) as (name, port); the port may be empty."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        name, _, rest = value.partition("]")
+        return f"{name}]", rest.removeprefix(":")
+    name, _, port = value.partition(":")
+    return name, port
+
+
+def _host_matches(value: str, entries: tuple[str, ...]) -> bool:
+    name, port = _split_host(value)
+    for entry in entries:
+        allowed_name, allowed_port = _split_host(entry)
+        if entry == "*" or (allowed_name == name and allowed_port in ("", "*", port)):
+            return True
+    return False
+
+
+def allowed_hosts(settings: HttpSettings) -> tuple[str, ...]:
+    bound = f"[{settings.host}]" if ":" in settings.host else settings.host
+    unspecified = bound in ("0.0.0.0", "[::]", "")  # noqa: S104  (compared, not bound)
+    return (*LOOPBACK_NAMES, *(() if unspecified else (bound,)), *settings.allowed_hosts)
+
+
+def _host_allowed(host: str | None, allowed: tuple[str, ...]) -> bool:
+    return bool(host) and _host_matches(host or "", allowed)
+
+
+def _origin_allowed(origin: str | None, allowed: tuple[str, ...]) -> bool:
+    """No Origin (not a browser) passes; a browser's must be loopback or listed (`scheme://host[:port]`)."""
+    if origin is None:
+        return True
+    parts = urlsplit(origin.strip().lower())
+    if parts.scheme in ("http", "https") and _host_matches(parts.netloc, LOOPBACK_NAMES):
+        return True
+    for entry in allowed:
+        wanted = urlsplit(entry.strip().lower())
+        if entry == "*" or (wanted.scheme == parts.scheme and _host_matches(parts.netloc, (wanted.netloc,))):
+            return True
+    return False
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
