@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +19,40 @@ from hail_guard.logs import configure_logging
 from hail_guard.sandbox import Sandbox, parse_fault
 from hail_guard.server import Proxy, build_server
 from hail_guard.upstream import UpstreamTarget, connect_upstream
+from tests import postgres
+from tests.postgres import PostgresServer
 
 configure_logging("debug")
 
 
-@pytest.fixture
-async def ledger(tmp_path: Path) -> AsyncIterator[Ledger]:
-    async with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as opened:
+@pytest.fixture(params=["sqlite", "postgres"])
+async def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Ledger]:
+    """Each backend in turn, on a fresh ledger (a new file; a new PostgreSQL database)."""
+    if request.param == "sqlite":
+        async with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as opened:
+            yield opened
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    async with server.database() as url, open_ledger(url) as opened:
         yield opened
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session (see tests/postgres.py). Missing: skipped, but under CI a failure."""
+    if reason := postgres.missing_reason():
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the PostgreSQL leg: {reason}", pytrace=False)
+        pytest.skip(reason)
+    with postgres.postgres_server() as server:
+        yield server
+
+
+@pytest.fixture
+async def postgres_url(postgres_server: PostgresServer) -> AsyncIterator[str]:
+    """A new, empty PostgreSQL database for this test."""
+    async with postgres_server.database(migrated=False) as url:
+        yield url
 
 
 def email(**changes: Any) -> dict[str, Any]:

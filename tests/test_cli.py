@@ -119,3 +119,14 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["ops", "list", "--state", "sent"])
     assert exited.value.code == 2
+
+
+def test_a_worker_on_a_ledger_it_cannot_write_fails_clearly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("HAIL_GUARD_LEDGER_URL", f"sqlite:///{blocker / 'ledger.db'}")
+    code, _, err = run(capsys, "worker")
+    assert code == 1
+    assert "cannot be used" in err

@@ -78,3 +78,25 @@ def test_bad_config_files_say_what_is_wrong(tmp_path: Path, text: str, message: 
 def test_a_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read the config file"):
         load_settings(str(tmp_path / "nope.toml"), environ={})
+
+
+def test_the_http_token_comes_from_its_variable_first_then_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[http]\ntoken = "from-the-file"\ntoken_env = "MY_GUARD_TOKEN"\n')
+    monkeypatch.delenv("MY_GUARD_TOKEN", raising=False)
+    settings = load_settings(str(path), environ={})
+    assert settings.http.bearer_token() == "from-the-file"
+    assert "from-the-file" not in repr(settings)
+    monkeypatch.setenv("MY_GUARD_TOKEN", "from-the-variable")
+    assert settings.http.bearer_token() == "from-the-variable"
+
+
+def test_http_lists_come_from_the_environment_comma_separated() -> None:
+    settings = load_settings(
+        None, environ={"HAIL_GUARD_HTTP_ALLOWED_HOSTS": "guard.internal,guard", "HAIL_GUARD_HTTP_PORT": "9000"}
+    )
+    assert settings.http.allowed_hosts == ["guard.internal", "guard"]
+    assert settings.http.port == 9000
+    assert settings.http.allowed_origins == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -199,3 +200,35 @@ async def test_the_ledger_cannot_record_so_nothing_is_forwarded(tmp_path: Path) 
         assert result.is_error
         assert "locked" in text(result)
         assert harness.sandbox.calls("send_email") == 0
+
+
+async def test_an_unreachable_upstream_refuses_sends_before_recording_anything(tmp_path: Path) -> None:
+    from hail_guard.guard import Guard, GuardSettings
+    from hail_guard.ledger import open_ledger
+    from hail_guard.server import Proxy
+    from hail_guard.upstream import UpstreamTarget, connect_upstream
+    from tests.test_stdio import free_port
+
+    target = UpstreamTarget(kind="http", url=f"http://127.0.0.1:{free_port()}/")
+    async with (
+        open_ledger(str(tmp_path / "ledger.db")) as ledger,
+        connect_upstream(target, timeout_seconds=1, connect_timeout_seconds=0.3, heartbeat_seconds=None) as upstream,
+    ):
+        proxy = Proxy(Guard(ledger, upstream, GuardSettings(timeout_seconds=1)), upstream)
+        proxy.tools = {"send_email": _send_email_tool()}
+        proxy.guarded = {"send_email"}
+        result = await proxy.call("send_email", email())
+        assert result.is_error
+        assert "is not reachable" in text(result)
+        assert "nothing was sent" in text(result)
+        assert await ledger.list_operations() == []
+
+
+def _send_email_tool() -> Any:
+    from mcp import types
+
+    from hail_guard.sandbox.tools import tool_list
+
+    [tool] = [t for t in tool_list() if t.name == "send_email"]
+    assert isinstance(tool, types.Tool)
+    return tool

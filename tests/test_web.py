@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -71,9 +70,10 @@ class Web:
         await self._stopped.wait()
 
 
-async def instrumented(proxy: Proxy, metrics: Metrics, upstream: Any = None) -> Proxy:
+async def instrumented(proxy: Proxy, metrics: Metrics, wrap_upstream: Callable[[Any], Any] | None) -> Proxy:
     """The harness's proxy, reporting to `metrics` as `open_proxy(metrics=...)` wires it."""
-    ledger, upstream = metrics.timed(proxy.guard.ledger, "ledger"), metrics.timed(upstream or proxy.upstream, "upstream")
+    upstream = wrap_upstream(proxy.upstream) if wrap_upstream is not None else proxy.upstream
+    ledger, upstream = metrics.timed(proxy.guard.ledger, "ledger"), metrics.timed(upstream, "upstream")
     wired = Proxy(Guard(ledger, upstream, proxy.guard.settings), upstream, observer=metrics)
     await wired.refresh_tools()
     return wired
@@ -81,13 +81,17 @@ async def instrumented(proxy: Proxy, metrics: Metrics, upstream: Any = None) -> 
 
 @contextlib.asynccontextmanager
 async def running(
-    tmp_path: Path, *faults: str, http: HttpSettings | None = None, upstream: Any = None, **guard: Any
+    tmp_path: Path,
+    *faults: str,
+    http: HttpSettings | None = None,
+    wrap_upstream: Callable[[Any], Any] | None = None,
+    **guard: Any,
 ) -> AsyncIterator[Web]:
     """A real uvicorn on 127.0.0.1 (a free port) serving hail-guard over the in-process sandbox."""
     http = http or http_settings()
     async with open_harness(tmp_path, *faults, **guard) as harness, anyio.create_task_group() as tg:
         metrics = Metrics()
-        app = build_http_app(await instrumented(harness.proxy, metrics, upstream), http, metrics=metrics)
+        app = build_http_app(await instrumented(harness.proxy, metrics, wrap_upstream), http, metrics=metrics)
         scope, stopped = anyio.CancelScope(), anyio.Event()
 
         async def serve(*, task_status: anyio.abc.TaskStatus[str]) -> None:
@@ -104,9 +108,11 @@ async def running(
 @contextlib.asynccontextmanager
 async def over_http(url: str, mode: str = "legacy", token: str = TOKEN) -> AsyncIterator[Client]:
     timeout = httpx2.Timeout(10, read=30)
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=timeout) as http:
-        async with Client(streamable_http_client(f"{url}mcp", http_client=http), mode=mode) as client:
-            yield client
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=timeout) as http,
+        Client(streamable_http_client(f"{url}mcp", http_client=http), mode=mode) as client,
+    ):
+        yield client
 
 
 def over_sse(url: str) -> Client:
@@ -133,7 +139,7 @@ async def test_a_send_over_streamable_http_reaches_hail_once_and_the_repeat_is_a
         assert not first.is_error
         assert data(first)["hail_guard"]["state"] == "accepted"
         assert data(again)["hail_guard"]["replayed"] is True
-        assert [entry["idempotency_key"] for entry in web.harness.sandbox.outbox()] == [KEY]
+        assert [entry["idempotency_key"] for entry in web.harness.sandbox.outbox] == [KEY]
 
 
 async def test_sse_sessions_share_one_ledger_and_upstream_with_streamable_http(tmp_path: Path) -> None:
@@ -144,7 +150,7 @@ async def test_sse_sessions_share_one_ledger_and_upstream_with_streamable_http(t
             assert "send_email" in {tool.name for tool in (await agent.list_tools()).tools}
             again = await agent.call_tool("send_email", email())
         assert data(again)["hail_guard"] == {**data(first)["hail_guard"], "replayed": True}
-        assert len(web.harness.sandbox.outbox()) == 1
+        assert len(web.harness.sandbox.outbox) == 1
 
 
 @pytest.mark.parametrize(
@@ -160,7 +166,9 @@ async def test_every_mcp_path_without_a_token_gets_401_with_a_bearer_challenge(
     assert "bearer token is required" in response.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("authorization", [f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}", f"Basic {TOKEN}", "Bearer "])
+@pytest.mark.parametrize(
+    "authorization", [f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}", f"Basic {TOKEN}", f"Token {TOKEN}", "Bearer"]
+)
 async def test_a_wrong_token_gets_401(tmp_path: Path, authorization: str) -> None:
     async with running(tmp_path) as web, httpx2.AsyncClient() as http:
         headers = {**MCP_HEADERS, "Authorization": authorization}
@@ -171,10 +179,11 @@ async def test_a_wrong_token_gets_401(tmp_path: Path, authorization: str) -> Non
 
 async def test_an_mcp_client_with_a_wrong_token_is_refused(tmp_path: Path) -> None:
     async with running(tmp_path) as web:
-        with pytest.raises(MCPError, match="401"), anyio.fail_after(10):
+        refused = pytest.RaisesGroup(pytest.RaisesExc(MCPError, match="HTTP 401: "), flatten_subgroups=True)
+        with refused, anyio.fail_after(10):
             async with over_http(web.url, token="not-the-token") as agent:
                 await agent.list_tools()
-        assert web.harness.sandbox.outbox() == []
+        assert web.harness.sandbox.outbox == []
 
 
 async def test_a_foreign_origin_gets_403_and_loopback_or_listed_origins_pass(tmp_path: Path) -> None:
@@ -286,7 +295,7 @@ async def test_health_and_readiness_need_no_token(tmp_path: Path) -> None:
     assert (ready.status_code, ready.json()) == (200, {"status": "ready", "ledger": "ok", "upstream": "ok"})
 
 
-async def test_readiness_is_503_naming_the_upstream_when_hail_is_down(tmp_path: Path) -> None:
+async def test_readiness_is_503_naming_the_part_that_is_down(tmp_path: Path) -> None:
     with listening("127.0.0.1", 0) as closed:
         dead = f"http://127.0.0.1:{closed.getsockname()[1]}/mcp"
     target = UpstreamTarget(kind="http", url=dead)
@@ -299,8 +308,11 @@ async def test_readiness_is_503_naming_the_upstream_when_hail_is_down(tmp_path: 
         transport = httpx2.ASGITransport(app=app)
         async with httpx2.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             ready = await http.get("/readyz")
+            await ledger.aclose()  # as if its disk went away
+            broken = await http.get("/readyz")
     assert ready.status_code == 503
     assert ready.json() == {"status": "not_ready", "ledger": "ok", "upstream": "unreachable"}
+    assert (broken.status_code, broken.json()["ledger"]) == (503, "unavailable")
 
 
 async def test_metrics_count_calls_operations_and_latency(tmp_path: Path) -> None:
@@ -327,13 +339,14 @@ async def test_metrics_count_calls_operations_and_latency(tmp_path: Path) -> Non
     assert sample(text, "hail_guard_http_refusals_total", status="401") == 1
 
 
-async def test_shutdown_with_a_send_in_flight_records_it_unknown_within_a_bound(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_shutdown_with_a_send_in_flight_records_it_unknown_within_a_bound(tmp_path: Path, mode: str) -> None:
     async with running(tmp_path, "send_email:1:hang_after_accept", timeout_seconds=30) as web:
         async with anyio.create_task_group() as agents:
 
             async def agent_sends() -> None:
                 with contextlib.suppress(Exception):  # its connection is cut by the shutdown
-                    async with over_http(web.url) as agent:
+                    async with over_http(web.url, mode) as agent:
                         await agent.call_tool("send_email", email())
 
             agents.start_soon(agent_sends)
@@ -344,7 +357,7 @@ async def test_shutdown_with_a_send_in_flight_records_it_unknown_within_a_bound(
         operation = await web.harness.ledger.find_by_key(KEY)
     assert operation is not None
     assert operation.state is State.UNKNOWN
-    assert len(web.harness.sandbox.outbox()) == 1
+    assert len(web.harness.sandbox.outbox) == 1
 
 
 class _Entered:
@@ -364,13 +377,31 @@ class _Entered:
 
 async def test_shutdown_lets_a_send_in_flight_finish_within_the_grace(tmp_path: Path) -> None:
     answers: list[types.CallToolResult] = []
-    async with open_harness(tmp_path) as probe_harness:
-        probe = _Entered(probe_harness.proxy.upstream)
-    del probe  # the harness above only shows the shape; the real probe wraps the running harness below
+    probes: list[_Entered] = []
+
+    def probe(upstream: Any) -> _Entered:
+        probes.append(_Entered(upstream))
+        return probes[-1]
+
     http = http_settings(shutdown_grace_seconds=5)
-    async with running(tmp_path / "run", "send_email:1:delay:300", http=http) as web:
-        ...
-    assert answers == [] or answers
+    async with (
+        running(tmp_path, "send_email:1:delay:300", http=http, wrap_upstream=probe) as web,
+        anyio.create_task_group() as agents,
+    ):
+
+        async def agent_sends() -> None:
+            with contextlib.suppress(Exception):  # closing the session fails: the server no longer listens
+                async with over_http(web.url) as agent:
+                    await agent.list_tools()  # else the client lists them after the answer, to check it
+                    answers.append(await agent.call_tool("send_email", email()))
+
+        agents.start_soon(agent_sends)
+        await probes[0].entered.wait()  # the send is on its way to Hail (which takes 300 ms)
+        with anyio.fail_after(5):
+            await web.stop()
+    [answer] = answers
+    assert data(answer)["hail_guard"]["state"] == "accepted"
+    assert len(web.harness.sandbox.outbox) == 1
 
 
 async def test_the_agent_token_reaches_neither_hail_nor_the_logs(tmp_path: Path) -> None:
@@ -383,20 +414,25 @@ async def test_the_agent_token_reaches_neither_hail_nor_the_logs(tmp_path: Path)
             seen.extend(value.decode() for name, value in scope["headers"] if name == b"authorization")
         await upstream_app(scope, receive, send)
 
-    async with anyio.create_task_group() as tg:
-        with listening("127.0.0.1", 0) as sock:
+    with listening("127.0.0.1", 0) as sock:
+        async with anyio.create_task_group() as tg:
             hail_url = await tg.start(partial(serve_app, recording, sock, grace_seconds=0))
             target = UpstreamTarget(kind="http", url=hail_url, token="upstream-token")
             with structlog.testing.capture_logs() as logs:
-                async with connect_upstream(target, heartbeat_seconds=None) as upstream:
-                    async with running(tmp_path, upstream=upstream) as web, over_http(web.url) as agent:
+                async with (
+                    connect_upstream(target, heartbeat_seconds=None) as upstream,
+                    running(tmp_path, wrap_upstream=lambda _: upstream) as web,
+                    httpx2.AsyncClient() as http,
+                ):
+                    async with over_http(web.url) as agent:
                         sent = await agent.call_tool("send_email", email())
-                    async with httpx2.AsyncClient() as http:  # refused requests are logged too
-                        await http.post(f"{web.url}mcp", json=INITIALIZE, headers={"Authorization": f"Bearer {TOKEN}x"})
+                    wrong = {**MCP_HEADERS, "Authorization": f"Bearer {TOKEN}x"}  # refusals are logged too
+                    assert (await http.post(f"{web.url}mcp", json=INITIALIZE, headers=wrong)).status_code == 401
             tg.cancel_scope.cancel()
     assert data(sent)["hail_guard"]["state"] == "accepted"
-    assert [entry["idempotency_key"] for entry in sandbox.outbox()] == [KEY]
-    assert seen and set(seen) == {"Bearer upstream-token"}
+    assert [entry["idempotency_key"] for entry in sandbox.outbox] == [KEY]
+    assert seen
+    assert set(seen) == {"Bearer upstream-token"}
     assert TOKEN not in repr(logs)
 
 

@@ -1,0 +1,292 @@
+"""PostgreSQL specifics: clear errors without the password, migrations, and several hosts on one ledger.
+
+The contract suite (test_ledger_contract.py) already runs on PostgreSQL; these tests cover what only
+a server shared by several processes has.
+"""
+
+from __future__ import annotations
+
+import inspect
+import socket
+import sys
+from typing import Any
+
+import anyio
+import pytest
+from structlog.testing import capture_logs
+
+from hail_guard.errors import ConfigError, HailGuardError, LedgerUnavailable, SchemaTooNew
+from hail_guard.ledger import Ledger, open_ledger
+from hail_guard.models import Outcome, State
+from tests.postgres import PASSWORD, PASSWORD_ROLE, PostgresServer
+from tests.test_ledger_contract import ACCEPTED, batch_intents, intent
+
+asyncpg = pytest.importorskip("asyncpg", reason="the PostgreSQL ledger needs the `postgres` extra")
+from hail_guard.ledger.postgres import _mapped, describe, migrate, migrations  # noqa: E402
+
+LATEST = migrations()[-1][0]
+
+
+async def fetch(url: str, query: str, *args: Any) -> list[Any]:
+    db = await asyncpg.connect(url)
+    try:
+        return [row[0] for row in await db.fetch(query, *args)]
+    finally:
+        await db.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port  # nothing listens on it once the probe is closed
+
+
+def needs_password_role(server: PostgresServer) -> None:
+    if not server.password_login:
+        pytest.skip(f"needs the throwaway cluster's role {PASSWORD_ROLE} that logs in with a password")
+
+
+def assert_never_mentions(error: BaseException, secret: str) -> None:
+    """Neither the error nor any error chained to it (what a logged traceback would print) says `secret`."""
+    seen: BaseException | None = error
+    while seen is not None:
+        assert secret not in str(seen)
+        assert all(secret not in repr(arg) for arg in seen.args)
+        seen = seen.__cause__ or seen.__context__
+
+
+async def test_an_unreachable_server_is_a_clear_error_without_the_password() -> None:
+    url = f"postgresql://hg:s3cret-pw@127.0.0.1:{closed_port()}/ledger"
+    with pytest.raises(LedgerUnavailable, match=r"cannot reach the PostgreSQL ledger at postgresql://hg:\*\*\*@") as e:
+        async with open_ledger(url):
+            pass
+    assert_never_mentions(e.value, "s3cret-pw")
+
+
+async def test_a_malformed_url_is_a_clear_error_without_the_password() -> None:
+    with pytest.raises(LedgerUnavailable, match="cannot be used") as e:
+        await migrate("postgresql://hg:s3cret-pw@127.0.0.1:notaport/ledger")
+    assert_never_mentions(e.value, "s3cret-pw")
+
+
+async def test_a_missing_database_is_named(postgres_server: PostgresServer) -> None:
+    with pytest.raises(LedgerUnavailable, match=r"does not exist: .*create the database or fix the ledger URL"):
+        async with open_ledger(postgres_server.url("hg_no_such_database")):
+            pass
+
+
+async def test_a_wrong_password_is_refused_without_repeating_it(postgres_server: PostgresServer) -> None:
+    needs_password_role(postgres_server)
+    url = postgres_server.url("postgres", user=PASSWORD_ROLE, password="wrong-pw-7781")
+    with pytest.raises(LedgerUnavailable, match="refused the password: check the user and password") as e:
+        async with open_ledger(url):
+            pass
+    assert_never_mentions(e.value, "wrong-pw-7781")
+
+
+async def test_migrating_with_a_password_never_logs_it(postgres_server: PostgresServer) -> None:
+    needs_password_role(postgres_server)
+    async with postgres_server.database(migrated=False, options=f"OWNER {PASSWORD_ROLE}") as admin_url:
+        url = postgres_server.url(admin_url.rsplit("/", 1)[-1], user=PASSWORD_ROLE, password=PASSWORD)
+        with capture_logs() as logs:
+            assert await migrate(url) == LATEST
+    assert [entry["version"] for entry in logs if entry["event"] == "ledger_migrated"] == list(range(1, LATEST + 1))
+    assert PASSWORD not in repr(logs)
+    assert f"{PASSWORD_ROLE}:***@" in logs[0]["ledger"]
+
+
+async def test_a_role_that_cannot_create_tables_uses_a_migrated_ledger(postgres_server: PostgresServer) -> None:
+    needs_password_role(postgres_server)
+    async with postgres_server.database(migrated=True) as admin_url:
+        db = await asyncpg.connect(admin_url)
+        try:
+            await db.execute(
+                f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO {PASSWORD_ROLE};"
+                f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {PASSWORD_ROLE}"
+            )
+        finally:
+            await db.close()
+        url = postgres_server.url(admin_url.rsplit("/", 1)[-1], user=PASSWORD_ROLE, password=PASSWORD)
+        async with open_ledger(url) as ledger:
+            assert (await ledger.begin_send(intent(), owner="w1", lease_seconds=60)).claimed
+
+
+async def test_migrations_are_idempotent_and_return_the_version(postgres_url: str) -> None:
+    assert await migrate(postgres_url) == LATEST
+    assert await migrate(postgres_url) == LATEST
+    async with open_ledger(postgres_url):
+        pass
+    versions = await fetch(postgres_url, "SELECT version FROM hail_guard_schema_version ORDER BY version")
+    assert versions == list(range(1, LATEST + 1))
+
+
+async def test_connections_migrating_at_once_take_turns(postgres_url: str) -> None:
+    returned: list[int] = []
+
+    async def migrate_once() -> None:
+        returned.append(await migrate(postgres_url))
+
+    async def open_once() -> None:
+        async with open_ledger(postgres_url) as ledger:
+            await ledger.expire_leases()
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(migrate_once)
+                tg.start_soon(open_once)
+    assert returned == [LATEST] * 4
+    versions = await fetch(postgres_url, "SELECT version FROM hail_guard_schema_version ORDER BY version")
+    assert versions == list(range(1, LATEST + 1))
+
+
+async def test_a_ledger_from_a_newer_version_is_refused(postgres_url: str) -> None:
+    await migrate(postgres_url)
+    await fetch(postgres_url, "INSERT INTO hail_guard_schema_version (version) VALUES (999) RETURNING version")
+    with pytest.raises(
+        SchemaTooNew, match=r"schema version 999, newer than this hail-guard knows .*upgrade hail-guard"
+    ):
+        async with open_ledger(postgres_url):
+            pass
+    with pytest.raises(SchemaTooNew):
+        await migrate(postgres_url)
+
+
+async def test_a_database_that_is_not_utf8_is_refused(postgres_server: PostgresServer) -> None:
+    latin1 = "ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C'"
+    async with postgres_server.database(migrated=False, options=latin1) as url:
+        with pytest.raises(LedgerUnavailable, match=r"uses encoding LATIN1; .* needs a UTF8 database"):
+            async with open_ledger(url):
+                pass
+
+
+async def test_unusual_text_and_answers_round_trip_exactly(postgres_url: str) -> None:
+    given = intent(body='Grüße 😀 \u2028 "quoted" \\ tab\t nul\x00 end')
+    answer = {"status": "sent", "id": "e-1", "note": "nul\x00 ünïcode 😀", "amount": 0.1, "nested": {"z": 1, "a": 2}}
+    async with open_ledger(postgres_url) as ledger:
+        op = (await ledger.begin_send(given, owner="w1", lease_seconds=60)).operation
+        accepted = Outcome(state=State.ACCEPTED, reason="ok", provider_id="e-1", result=answer)
+        await ledger.record_outcome(op.id, owner="w1", outcome=accepted, actor="w1")
+        stored = await ledger.get(op.id)
+    assert stored.request == given.request
+    assert stored.result == answer
+    assert list(stored.result) == list(answer)  # the answer's own order, not jsonb's
+    assert stored.created_at.utcoffset() is not None
+
+
+async def test_a_row_locked_past_the_busy_timeout_records_nothing(postgres_url: str) -> None:
+    async with open_ledger(postgres_url, busy_timeout_seconds=0.05) as ledger:
+        op = (await ledger.begin_send(intent(), owner="w1", lease_seconds=60)).operation
+        holder = await asyncpg.connect(postgres_url)
+        try:
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM operations WHERE id = $1 FOR UPDATE", op.id)
+                with pytest.raises(LedgerUnavailable, match="stayed locked past the lock timeout"):
+                    await ledger.record_outcome(op.id, owner="w1", outcome=ACCEPTED, actor="w1")
+        finally:
+            await holder.close()
+        assert (await ledger.get(op.id)).state is State.SENDING
+
+
+async def test_two_hosts_beginning_one_key_at_once_claim_it_exactly_once(postgres_url: str) -> None:
+    async with open_ledger(postgres_url) as host_a, open_ledger(postgres_url) as host_b:
+        results = []
+
+        async def begin(ledger: Ledger, owner: str) -> None:
+            results.append(await ledger.begin_send(intent(), owner=owner, lease_seconds=60))
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for n in range(20):
+                    tg.start_soon(begin, (host_a, host_b)[n % 2], f"w{n}")
+        events = await host_a.events(results[0].operation.id)
+    assert sum(r.claimed for r in results) == 1
+    assert len({r.operation.id for r in results}) == 1
+    assert [(e.from_state, e.to_state) for e in events] == [(None, State.SENDING)]
+
+
+async def test_two_hosts_claiming_unknowns_never_take_the_same_one(postgres_url: str) -> None:
+    async with open_ledger(postgres_url) as host_a, open_ledger(postgres_url) as host_b:
+        for n in range(40):
+            await host_a.begin_send(intent(f"k{n}", body=f"Hello {n}"), owner="w", lease_seconds=0)
+        await host_b.expire_leases()
+        assert len(await host_b.list_operations(state=State.UNKNOWN)) == 40
+        taken: list[str] = []
+
+        async def reconciler(ledger: Ledger, name: str) -> None:
+            while claimed := await ledger.claim_unknown(owner=name, lease_seconds=60, limit=3):
+                taken.extend(op.id for op in claimed)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for n in range(6):
+                    tg.start_soon(reconciler, (host_a, host_b)[n % 2], f"r{n}")
+    assert len(taken) == len(set(taken)) == 40
+
+
+async def test_two_hosts_claiming_a_batch_never_take_the_same_send(postgres_url: str) -> None:
+    async with open_ledger(postgres_url) as host_a, open_ledger(postgres_url) as host_b:
+        await host_a.plan_batch(batch_id="B1", name=None, intents=batch_intents(40), state=State.READY, actor="op")
+        taken: list[str] = []
+
+        async def worker(ledger: Ledger, name: str) -> None:
+            while claimed := await ledger.claim_ready(owner=name, lease_seconds=60, batch_id="B1", limit=3):
+                taken.extend(op.id for op in claimed)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for n in range(6):
+                    tg.start_soon(worker, (host_a, host_b)[n % 2], f"w{n}")
+        status = await host_b.batch_status("B1")
+    assert len(taken) == len(set(taken)) == 40
+    assert status.counts == {State.SENDING: 40}
+
+
+def every_driver_and_socket_error() -> list[Exception]:
+    driver = [
+        cls("boom")
+        for _, cls in inspect.getmembers(asyncpg.exceptions, inspect.isclass)
+        if issubclass(cls, Exception) and not issubclass(cls, Warning)
+    ]
+    sockets = [ConnectionRefusedError(111, "refused"), socket.gaierror(-2, "unknown host"), TimeoutError()]
+    return [*driver, *sockets, ValueError("invalid port")]
+
+
+def test_every_driver_and_socket_error_becomes_ledger_unavailable_naming_the_server() -> None:
+    where = "postgresql://hg:***@db.example/ledger"
+    errors = every_driver_and_socket_error()
+    assert len(errors) > 200
+    for error in errors:
+        expected = pytest.raises(LedgerUnavailable, match=r"PostgreSQL ledger at postgresql://hg:\*\*\*@db\.example")
+        with expected, _mapped(where, frozenset({"pw"})):
+            raise error
+
+
+def test_a_driver_message_that_repeats_the_password_is_masked_and_not_chained() -> None:
+    with pytest.raises(LedgerUnavailable) as e, _mapped("postgresql://hg:***@h/db", frozenset({"pw-123"})):
+        raise ValueError("bad option near pw-123")
+    assert "pw-123" not in str(e.value)
+    assert e.value.__cause__ is None
+    assert e.value.__suppress_context__
+
+
+def test_our_own_errors_pass_through_the_mapping_unchanged() -> None:
+    with pytest.raises(SchemaTooNew), _mapped("postgresql://h/db"):
+        raise SchemaTooNew("newer")
+    assert issubclass(LedgerUnavailable, HailGuardError)
+
+
+def test_the_password_is_masked_wherever_the_url_carries_it() -> None:
+    where, secrets = describe("postgresql://hg:p%40ss@db.example:5432/ledger?password=other&sslmode=require")
+    assert where == "postgresql://hg:***@db.example:5432/ledger?password=***&sslmode=require"
+    assert secrets == {"p%40ss", "p@ss", "other"}
+    assert describe("postgres://hg@db.example/ledger") == ("postgres://hg@db.example/ledger", frozenset())
+
+
+async def test_a_postgres_url_without_asyncpg_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "asyncpg", None)
+    monkeypatch.delitem(sys.modules, "hail_guard.ledger.postgres")
+    with pytest.raises(ConfigError, match=r"pip install 'hail-guard\[postgres\]'"):
+        async with open_ledger("postgresql://hg@db.example/ledger"):
+            pass
