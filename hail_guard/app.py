@@ -70,7 +70,14 @@ async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> A
         if metrics is not None:
             ledger, upstream = metrics.timed(ledger, "ledger"), metrics.timed(upstream, "upstream")
         guard = Guard(ledger, upstream, guard_settings(settings))
-        proxy = Proxy(guard, upstream, settings.guard.guarded_tools, settings.guard.require_approval, observer=metrics)
+        proxy = Proxy(
+            guard,
+            upstream,
+            settings.guard.guarded_tools,
+            settings.guard.require_approval,
+            observer=metrics,
+            pin_tools=settings.upstream.pin_tools,
+        )
         await proxy.refresh_tools()
         log.info("proxy_ready", tools=len(proxy.tools), guarded=sorted(proxy.guarded))
         yield proxy

@@ -62,8 +62,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="TOML config file (default: $HAIL_GUARD_CONFIG, else built-in defaults)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = commands.add_parser("serve", help="run the MCP proxy (stdio)")
-    serve.add_argument("--transport", choices=["stdio"], default="stdio")
+    serve = commands.add_parser("serve", help="run the MCP proxy (stdio; or SSE and Streamable HTTP)")
+    serve.add_argument(
+        "--transport",
+        choices=["stdio", "sse", "http"],
+        default="stdio",
+        help="stdio (default), or HTTP: one server answers Streamable HTTP at /mcp and SSE at /sse",
+    )
+    serve.add_argument("--host", help="HTTP address to bind (default: [http] host, 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="HTTP port (default: [http] port, 8765)")
     serve.set_defaults(run=_serve)
 
     from hail_guard import sandbox
@@ -81,6 +88,16 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=int, help="sends at once (default: [worker] concurrency)")
     worker.add_argument("--batch", help="only this batch")
     worker.set_defaults(run=_worker)
+
+    status = commands.add_parser("status", help="counts by state, the review queue, upstream tool changes")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(run=_status)
+    upstream = commands.add_parser("upstream", help="upstream tool pinning").add_subparsers(
+        dest="upstream", required=True
+    )
+    accept = upstream.add_parser("accept", help="accept the current look of changed upstream tools")
+    accept.add_argument("tools", nargs="*", help="tool names (default: every changed tool)")
+    accept.set_defaults(run=_upstream_accept)
 
     ops = commands.add_parser("ops", help="inspect operations").add_subparsers(dest="ops", required=True)
     listing = ops.add_parser("list", help="list operations, newest first")
@@ -236,6 +253,51 @@ async def _suppress_remove(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def _status(args: argparse.Namespace, settings: Settings) -> int:
+    async with app.open_ledger_from(settings) as ledger:
+        await ledger.expire_leases()
+        counts = await ledger.count_by_state()
+        oldest_unknown = await ledger.oldest(State.UNKNOWN)
+        pins = await ledger.tool_pins()
+    by_state = {state.value: count for state, count in sorted(counts.items())}
+    report: dict[str, Any] = {
+        "operations": by_state,
+        "oldest_unknown": operation_view(oldest_unknown) if oldest_unknown else None,
+        "review_queue": counts.get(State.NEEDS_REVIEW, 0),
+        "upstream_tools": [
+            {
+                "name": pin.name,
+                "changed": pin.changed,
+                "changed_at": pin.changed_at.isoformat() if pin.changed_at else None,
+            }
+            for pin in pins
+        ],
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    console = Console()
+    console.print("[bold]operations[/bold]: " + (", ".join(f"{k} {v}" for k, v in by_state.items()) or "none"))
+    console.print(f"[bold]review queue[/bold]: {report['review_queue']}")
+    if oldest_unknown is not None:
+        console.print(
+            f"[bold]oldest unknown[/bold]: {oldest_unknown.id} since {oldest_unknown.created_at:%Y-%m-%d %H:%M:%S}"
+        )
+    changed = [pin.name for pin in pins if pin.changed]
+    console.print(
+        f"[bold]upstream tools[/bold] (as last seen): {len(pins)}"
+        + (f"; CHANGED since accepted: {', '.join(changed)} (`hail-guard upstream accept`)" if changed else "")
+    )
+    return 0
+
+
+async def _upstream_accept(args: argparse.Namespace, settings: Settings) -> int:
+    async with app.open_ledger_from(settings) as ledger:
+        accepted = await ledger.accept_tools(args.tools or None)
+    print(f"accepted {len(accepted)} changed tool(s): {', '.join(accepted) or 'none'}")
+    return 0
+
+
 def _print_batch(status: BatchStatus) -> None:
     console = Console()
     counts = ", ".join(f"{state.value} {count}" for state, count in sorted(status.counts.items()))
@@ -245,7 +307,12 @@ def _print_batch(status: BatchStatus) -> None:
 
 
 async def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    await app.serve_stdio(settings)
+    if args.transport == "stdio":
+        await app.serve_stdio(settings)
+    else:
+        from hail_guard import web
+
+        await web.serve_http_until_signalled(settings, host=args.host, port=args.port)
     return 0
 
 

@@ -50,6 +50,8 @@ class UpstreamSettings(_Section):
     timeout_seconds: float = Field(default=45.0, gt=0, le=3600)
     key_retention_hours: float = Field(default=24.0, gt=0)
     sandbox_outbox: str | None = None
+    pin_tools: bool = False
+    """Refuse a guarded tool whose description or schema changed until `hail-guard upstream accept`."""
     """With the built-in sandbox: append what it "sent" to this JSON Lines file."""
 
     @field_validator("command", mode="before")

@@ -181,6 +181,7 @@ def _host_matches(value: str, entries: tuple[str, ...]) -> bool:
 
 
 def allowed_hosts(settings: HttpSettings) -> tuple[str, ...]:
+    """Host names accepted: loopback, the bound address (unless a wildcard) and `[http] allowed_hosts`."""
     bound = f"[{settings.host}]" if ":" in settings.host else settings.host
     unspecified = bound in ("0.0.0.0", "[::]", "")  # noqa: S104  (compared, not bound)
     return (*LOOPBACK_NAMES, *(() if unspecified else (bound,)), *settings.allowed_hosts)

@@ -102,9 +102,12 @@ class Guard:
 
     async def dispatch(self, operation: Operation, owner: str) -> Operation:
         """Forward an operation we hold the claim on (`sending`), then record what Hail said."""
-        log.info("operation_sending", operation_id=operation.id, key=operation.idempotency_key, tool=operation.tool)
-        answer = await self._forward(operation, owner, operation.tool, operation.arguments())
-        return await self._record(operation, owner, policy.outcome_of_send(answer))
+        with structlog.contextvars.bound_contextvars(
+            operation_id=operation.id, key=operation.idempotency_key, tool=operation.tool
+        ):
+            log.info("operation_sending")
+            answer = await self._forward(operation, owner, operation.tool, operation.arguments())
+            return await self._record(operation, owner, policy.outcome_of_send(answer))
 
     def duplicate_window_seconds(self) -> float | None:
         hours = self.settings.duplicate_window_hours
@@ -170,7 +173,7 @@ class Guard:
         """Commit an outcome, shielded: once Hail has answered, a cancelled caller must not lose it."""
         with anyio.CancelScope(shield=True):
             recorded = await self._record_with_retries(operation, owner, outcome)
-        return recorded
+        return recorded  # noqa: RET504  (returning inside the shield reads to mypy as a missing return)
 
     async def _record_with_retries(self, operation: Operation, owner: str, outcome: Outcome) -> Operation:
         """An answer from Hail is retried into the ledger, never dropped silently (bounded)."""

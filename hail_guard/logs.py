@@ -51,6 +51,20 @@ def _redacted(name: object, value: Any, depth: int) -> Any:
     return value
 
 
+class _CurrentStderr:
+    """Whatever `sys.stderr` is at the time of writing (it is swapped by test runners and daemons)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def _stderr_logger(*_args: Any) -> structlog.PrintLogger:
+    return structlog.PrintLogger(file=_CurrentStderr())  # type: ignore[arg-type]
+
+
 def configure_logging(level: str = "info") -> None:
     renderer: Any = structlog.dev.ConsoleRenderer() if sys.stderr.isatty() else structlog.processors.JSONRenderer()
     structlog.configure(
@@ -63,6 +77,6 @@ def configure_logging(level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )

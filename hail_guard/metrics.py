@@ -30,8 +30,6 @@ from hail_guard.ledger import Ledger
 from hail_guard.models import State
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-COUNT_LIMIT = 100_000
-"""Operations counted per state at most: the ledger has no count query yet, so rows are listed."""
 _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _T = TypeVar("_T")
 
@@ -82,11 +80,11 @@ class Metrics:
 
     async def count_operations(self, ledger: Ledger) -> None:
         """Read the operations per state from the ledger (at scrape time)."""
-        counts = {state: len(await ledger.list_operations(state=state, limit=COUNT_LIMIT)) for state in State}
-        for state, count in counts.items():
-            self.operations.labels(state=state.value).set(count)
-        self.unknown.set(counts[State.UNKNOWN])
-        self.review.set(counts[State.NEEDS_REVIEW])
+        counts = await ledger.count_by_state()
+        for state in State:
+            self.operations.labels(state=state.value).set(counts.get(state, 0))
+        self.unknown.set(counts.get(State.UNKNOWN, 0))
+        self.review.set(counts.get(State.NEEDS_REVIEW, 0))
 
     def render(self) -> bytes:
         """Everything, in the Prometheus text format."""

@@ -171,3 +171,17 @@ class BatchStatus(BaseModel):
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+
+class ToolPin(BaseModel):
+    """An upstream tool as last seen and as last accepted (MCP "rug pull" defence)."""
+
+    name: str
+    fingerprint: str
+    accepted_fingerprint: str
+    first_seen_at: datetime
+    changed_at: datetime | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.fingerprint != self.accepted_fingerprint

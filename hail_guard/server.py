@@ -17,7 +17,7 @@ import structlog
 from mcp import types
 from mcp.server import Server, ServerRequestContext
 
-from hail_guard import __version__, policy
+from hail_guard import __version__, keys, policy
 from hail_guard.batch import Batches, Progress, sends_from_tool
 from hail_guard.errors import HailGuardError, KeyConflict, NotFound, RefusedByPolicy, UpstreamError
 from hail_guard.guard import ALLOW_DUPLICATE, Guard, SendReport
@@ -189,9 +189,14 @@ class Proxy:
     """Tools to guard; None: every tool whose schema takes an idempotency key."""
     require_approval: bool = False
     observer: CallObserver | None = None
+    pin_tools: bool = False
+    """Refuse a guarded tool whose name, description or schemas changed since it was accepted."""
     tools: dict[str, types.Tool] = field(default_factory=dict)
     """The upstream's tools, verbatim."""
     guarded: set[str] = field(default_factory=set)
+    changed: set[str] = field(default_factory=set)
+    """Upstream tools that differ from what was accepted (`hail-guard upstream accept`)."""
+    _fingerprints: dict[str, str] = field(default_factory=dict)
     batches: Batches = field(init=False)
 
     def __post_init__(self) -> None:
@@ -224,6 +229,18 @@ class Proxy:
         self.tools = {tool.name: tool for tool in listed if tool.name not in _OWN}
         schemas = {name: tool.input_schema for name, tool in self.tools.items()}
         self.guarded = policy.guarded_tool_names(schemas, self.guarded_tools) & set(self.tools)
+        await self._observe(self.tools)
+
+    async def _observe(self, tools: Mapping[str, types.Tool]) -> None:
+        """Compare each tool with what was accepted; the ledger is written only when something moved."""
+        fingerprints = {name: tool_fingerprint(tool) for name, tool in tools.items()}
+        if fingerprints == self._fingerprints:
+            return
+        pins = await self.guard.ledger.observe_tools(fingerprints)
+        self._fingerprints = fingerprints
+        self.changed = {pin.name for pin in pins if pin.changed and pin.name in fingerprints}
+        if self.changed:
+            log.warning("upstream_tools_changed", tools=sorted(self.changed), refused=self.pin_tools)
 
     def input_schema(self, name: str) -> dict[str, Any] | None:
         tool = _OWN.get(name) or self.tools.get(name)
@@ -251,6 +268,7 @@ class Proxy:
             if not self.tools:
                 await self.refresh_tools()
             if name in self.guarded:
+                await self._refuse_if_changed(name)
                 report = await self.guard.send(name, arguments, self.tools[name].input_schema)
                 return _send_result(report)
             if name in self.tools:
@@ -270,6 +288,17 @@ class Proxy:
         except Exception:
             log.exception("call_crashed", tool=name)
             return _error("hail-guard failed unexpectedly; nothing more is known. See its log (stderr).")
+
+    async def _refuse_if_changed(self, name: str) -> None:
+        if not (self.pin_tools and name in self.changed):
+            return
+        pins = await self.guard.ledger.tool_pins()  # an operator may have accepted it since
+        self.changed = {pin.name for pin in pins if pin.changed and pin.name in self._fingerprints}
+        if name in self.changed:
+            raise RefusedByPolicy(
+                f"the upstream changed {name} (its description or schema) since it was accepted; nothing was "
+                f"sent. An operator reviews the change and runs `hail-guard upstream accept {name}`"
+            )
 
     async def _own(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
         policy.validate_arguments(name, arguments, _OWN[name].input_schema)
@@ -331,6 +360,17 @@ class Proxy:
                 raise NotFound(f"no operation has the key {arguments['idempotency_key']!r}")
             return found
         raise RefusedByPolicy("give operation_id or idempotency_key")
+
+
+def tool_fingerprint(tool: types.Tool) -> str:
+    """What pinning compares: name, description and schemas."""
+    shape = {
+        "name": tool.name,
+        "description": tool.description,
+        "input_schema": tool.input_schema,
+        "output_schema": tool.output_schema,
+    }
+    return keys.fingerprint(keys.canonical_json(shape))
 
 
 def build_server(proxy: Proxy) -> Server[Any]:

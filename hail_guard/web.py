@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import math
+import signal
 import socket
 from collections.abc import AsyncIterator, Iterator
 
@@ -217,14 +218,45 @@ async def serve_app(
         tg.start_soon(run)
         try:
             await started.wait()
-            if stopped.is_set():
-                raise HailGuardError(f"the HTTP server at {url} stopped while starting; see the log above")
-            log.info("http_listening", mcp=f"{url}mcp", sse=f"{url}sse")
-            task_status.started(url)
-            await stopped.wait()
+            if not stopped.is_set():
+                log.info("http_listening", mcp=f"{url}mcp", sse=f"{url}sse")
+                task_status.started(url)
+                await stopped.wait()
         finally:
             server.should_exit = True
+    if not server.started:
+        raise HailGuardError(f"the HTTP server at {url} stopped while starting; see the log above")
     log.info("http_stopped", url=url)
+
+
+async def serve_http_until_signalled(
+    settings: Settings,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """`serve_http` until SIGINT or SIGTERM, then shut down gracefully (the CLI's entry point).
+
+    Errors come out as raised (`ConfigError` for a port in use...), not wrapped in a group.
+    """
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def stop_on_signal() -> None:
+                    async for signum in signals:
+                        log.info("http_stopping", signal=signal.Signals(signum).name)
+                        tg.cancel_scope.cancel()
+                        return
+
+                tg.start_soon(stop_on_signal)
+                await serve_http(settings, host=host, port=port, task_status=task_status)
+                tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            if len(group.exceptions) == 1 and isinstance(group.exceptions[0], HailGuardError):
+                raise group.exceptions[0] from None
+            raise
 
 
 def _signalling_startup(app: ASGIApp, started: anyio.Event) -> ASGIApp:

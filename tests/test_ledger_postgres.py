@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from hail_guard.errors import ConfigError, HailGuardError, LedgerUnavailable, SchemaTooNew
 from hail_guard.ledger import Ledger, open_ledger
-from hail_guard.models import Outcome, State
+from hail_guard.models import Outcome, State, Suppression
 from tests.postgres import PASSWORD, PASSWORD_ROLE, PostgresServer
 from tests.test_ledger_contract import ACCEPTED, batch_intents, intent
 
@@ -290,3 +290,42 @@ async def test_a_postgres_url_without_asyncpg_says_how_to_install_it(monkeypatch
     with pytest.raises(ConfigError, match=r"pip install 'hail-guard\[postgres\]'"):
         async with open_ledger("postgresql://hg@db.example/ledger"):
             pass
+
+
+async def test_tool_pins_record_changes_until_accepted(postgres_url: str) -> None:
+    async with open_ledger(postgres_url) as ledger:
+        first = await ledger.observe_tools({"send_sms": "s1", "send_email": "e1"})
+        assert [(p.name, p.changed, p.changed_at) for p in first] == [
+            ("send_email", False, None),
+            ("send_sms", False, None),
+        ]
+        changed = {p.name: p for p in await ledger.observe_tools({"send_email": "e2", "send_sms": "s1"})}
+        assert (changed["send_email"].changed, changed["send_email"].accepted_fingerprint) == (True, "e1")
+        assert changed["send_email"].changed_at is not None
+        assert not changed["send_sms"].changed
+        assert await ledger.accept_tools([]) == []
+        assert await ledger.accept_tools() == ["send_email"]
+        assert [(p.name, p.fingerprint, p.changed) for p in await ledger.tool_pins()] == [
+            ("send_email", "e2", False),
+            ("send_sms", "s1", False),
+        ]
+
+
+async def test_the_oldest_operation_in_a_state(postgres_url: str) -> None:
+    async with open_ledger(postgres_url) as ledger:
+        assert await ledger.oldest(State.READY) is None
+        await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(3), state=State.READY, actor="op")
+        oldest = await ledger.oldest(State.READY)
+    assert oldest is not None
+    assert oldest.idempotency_key == "b:0"
+
+
+async def test_an_opt_out_wins_in_batches_whatever_the_letter_case(postgres_url: str) -> None:
+    """Recipients are compared as `normalise_recipient` writes them, Unicode case included."""
+    stop = Suppression(recipient="ÉLODIE@example.com", reason="STOP", source="sms reply")
+    [send] = [i.model_copy(update={"recipients": ("\tÉlodie@Example.com ",)}) for i in batch_intents(1)]
+    async with open_ledger(postgres_url) as ledger:
+        await ledger.add_suppression(stop, actor="op")
+        await ledger.plan_batch(batch_id="B1", name=None, intents=[send], state=State.READY, actor="op")
+        assert await ledger.claim_ready(owner="w1", lease_seconds=60, limit=5) == []
+        assert (await ledger.batch_status("B1")).counts == {State.CANCELLED: 1}

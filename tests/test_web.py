@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -30,7 +32,7 @@ from hail_guard.models import State
 from hail_guard.sandbox import Sandbox
 from hail_guard.server import Proxy
 from hail_guard.upstream import UpstreamTarget, connect_upstream
-from hail_guard.web import build_http_app, listening, serve_app, serve_http
+from hail_guard.web import build_http_app, listening, serve_app, serve_http, serve_http_until_signalled
 from tests.conftest import Harness, data, email, open_harness
 
 TOKEN = "agent-token-0123456789abcdef"
@@ -267,8 +269,20 @@ async def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     with listening("127.0.0.1", 0) as taken:
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError, match=f"127.0.0.1:{port}: the port is already in use"):
-            await serve_http(settings_in(tmp_path), port=port)
+            await serve_http_until_signalled(settings_in(tmp_path), port=port)  # as the CLI runs it: unwrapped
     assert not (tmp_path / "ledger.db").exists()
+
+
+async def test_sigterm_shuts_the_server_down_gracefully(tmp_path: Path) -> None:
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(partial(serve_http_until_signalled, settings_in(tmp_path), port=0))
+            async with over_http(url) as agent:
+                assert not (await agent.call_tool("send_email", email())).is_error
+            os.kill(os.getpid(), signal.SIGTERM)  # its receiver is installed before `started`
+    async with httpx2.AsyncClient() as http:
+        with pytest.raises(httpx2.ConnectError):
+            await http.get(f"{url}healthz")
 
 
 async def test_serve_http_from_settings_serves_until_cancelled(tmp_path: Path) -> None:
@@ -339,19 +353,24 @@ async def test_metrics_count_calls_operations_and_latency(tmp_path: Path) -> Non
     assert sample(text, "hail_guard_http_refusals_total", status="401") == 1
 
 
-@pytest.mark.parametrize("mode", ["legacy", "auto"])
-async def test_shutdown_with_a_send_in_flight_records_it_unknown_within_a_bound(tmp_path: Path, mode: str) -> None:
+def connect(url: str, transport: str) -> contextlib.AbstractAsyncContextManager[Client]:
+    """An agent over `transport`: "sse", or Streamable HTTP in client mode "legacy" / "auto"."""
+    return over_sse(url) if transport == "sse" else over_http(url, transport)
+
+
+@pytest.mark.parametrize("transport", ["legacy", "auto", "sse"])
+async def test_shutdown_with_a_send_in_flight_records_it_unknown_within_a_bound(tmp_path: Path, transport: str) -> None:
     async with running(tmp_path, "send_email:1:hang_after_accept", timeout_seconds=30) as web:
         async with anyio.create_task_group() as agents:
 
             async def agent_sends() -> None:
                 with contextlib.suppress(Exception):  # its connection is cut by the shutdown
-                    async with over_http(web.url, mode) as agent:
+                    async with connect(web.url, transport) as agent:
                         await agent.call_tool("send_email", email())
 
             agents.start_soon(agent_sends)
             await web.harness.sandbox.wait_for_outbox(1)  # Hail has it; the answer never comes
-            with anyio.fail_after(10):
+            with anyio.fail_after(10):  # the bound: grace (0 here) + the guard's shielded final write
                 await web.stop()
             agents.cancel_scope.cancel()
         operation = await web.harness.ledger.find_by_key(KEY)

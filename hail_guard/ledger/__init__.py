@@ -4,21 +4,21 @@
 error mapping. `open_ledger` picks the backend from a URL:
 
 - `sqlite:///path/to/ledger.db` (or a plain path): one host, the default;
-- `postgresql://...`: several hosts (a later backend).
+- `postgresql://...` (or `postgres://`): several processes and hosts (needs the `postgres` extra).
 
 Leases and deadlines use the database's clock, so several processes agree on them.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
 from hail_guard.errors import ConfigError
-from hail_guard.models import BatchStatus, Event, Intent, Operation, Outcome, State, Suppression
+from hail_guard.models import BatchStatus, Event, Intent, Operation, Outcome, State, Suppression, ToolPin
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,16 @@ class Ledger(Protocol):
 
     async def is_suppressed(self, recipients: Sequence[str], channel: str) -> bool: ...
 
+    async def observe_tools(self, fingerprints: Mapping[str, str]) -> list[ToolPin]:
+        """Record each upstream tool's fingerprint as seen now; a tool seen first is accepted as is."""
+
+    async def accept_tools(self, names: Sequence[str] | None = None) -> list[str]:
+        """Accept the current look of changed tools (all, or those named); returns the names accepted."""
+
+    async def tool_pins(self) -> list[ToolPin]: ...
+
+    async def oldest(self, state: State) -> Operation | None: ...
+
     async def get(self, operation_id: str) -> Operation:
         """The operation, or `NotFound`."""
 
@@ -114,15 +124,47 @@ class Ledger(Protocol):
     async def aclose(self) -> None: ...
 
 
+POSTGRES_SCHEMES = ("postgres://", "postgresql://")
+
+
 @asynccontextmanager
 async def open_ledger(url: str, *, busy_timeout_seconds: float = 5.0) -> AsyncIterator[Ledger]:
     """Open (creating and migrating) the ledger named by `url`."""
-    if url.startswith(("postgres://", "postgresql://")):
-        raise ConfigError("the PostgreSQL ledger is not available in this version; use a sqlite:/// URL")
+    if url.startswith(POSTGRES_SCHEMES):
+        with _needs_asyncpg():
+            from hail_guard.ledger.postgres import open_postgres_ledger
+        async with open_postgres_ledger(url, busy_timeout_seconds=busy_timeout_seconds) as ledger:
+            yield ledger
+        return
     from hail_guard.ledger.sqlite import open_sqlite_ledger
 
     async with open_sqlite_ledger(sqlite_path(url), busy_timeout_seconds=busy_timeout_seconds) as ledger:
         yield ledger
+
+
+async def migrate(url: str) -> int:
+    """Bring the ledger at `url` to the newest schema this hail-guard knows; returns that version."""
+    if url.startswith(POSTGRES_SCHEMES):
+        with _needs_asyncpg():
+            from hail_guard.ledger.postgres import migrate as migrate_postgres
+        return await migrate_postgres(url)
+    from hail_guard.ledger.sqlite import migrations, open_sqlite_ledger
+
+    async with open_sqlite_ledger(sqlite_path(url)):
+        pass  # opening migrates
+    return migrations()[-1][0]
+
+
+@contextmanager
+def _needs_asyncpg() -> Iterator[None]:
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if exc.name != "asyncpg":
+            raise
+        raise ConfigError(
+            "a postgresql:// ledger needs the asyncpg driver: pip install 'hail-guard[postgres]'"
+        ) from exc
 
 
 def sqlite_path(url: str) -> str:

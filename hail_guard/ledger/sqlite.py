@@ -11,7 +11,7 @@ import json
 import os
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from importlib import resources
@@ -39,6 +39,7 @@ from hail_guard.models import (
     Outcome,
     State,
     Suppression,
+    ToolPin,
     normalise_recipient,
 )
 
@@ -283,6 +284,39 @@ class SqliteLedger:
     async def is_suppressed(self, recipients: Sequence[str], channel: str) -> bool:
         async with self._read() as db:
             return await _suppressed(db, recipients, channel)
+
+    async def observe_tools(self, fingerprints: Mapping[str, str]) -> list[ToolPin]:
+        async with self._write() as db:
+            await db.executemany(
+                f"""INSERT INTO upstream_tools (name, fingerprint, accepted_fingerprint, first_seen_at)
+                    VALUES (?, ?, ?, {NOW})
+                    ON CONFLICT (name) DO UPDATE SET
+                        changed_at = CASE WHEN excluded.fingerprint = upstream_tools.fingerprint
+                                          THEN upstream_tools.changed_at ELSE {NOW} END,
+                        fingerprint = excluded.fingerprint""",
+                [(name, fp, fp) for name, fp in fingerprints.items()],
+            )
+            return await _tool_pins(db)
+
+    async def accept_tools(self, names: Sequence[str] | None = None) -> list[str]:
+        query = (
+            "UPDATE upstream_tools SET accepted_fingerprint = fingerprint, changed_at = NULL "
+            "WHERE fingerprint != accepted_fingerprint"
+        )
+        params = list(names or ())
+        if names is not None:
+            query += f" AND name IN ({', '.join('?' for _ in params)})"
+        async with self._write() as db:
+            cursor = await db.execute(f"{query} RETURNING name", params)
+            return sorted(row[0] for row in await cursor.fetchall())
+
+    async def tool_pins(self) -> list[ToolPin]:
+        async with self._read() as db:
+            return await _tool_pins(db)
+
+    async def oldest(self, state: State) -> Operation | None:
+        async with self._read() as db:
+            return await _one(db, f"{_SELECT} WHERE state = ? ORDER BY created_at, rowid LIMIT 1", (state.value,))
 
     async def _cancel_suppressed(self, db: aiosqlite.Connection, actor: str, reason: str) -> list[str]:
         pending = await (
@@ -593,6 +627,22 @@ async def _refuse_known_keys(db: aiosqlite.Connection, intents: Sequence[Intent]
         raise RefusedByPolicy(
             f"{len(taken)} send(s) already exist in the ledger: {'; '.join(taken[:10])}; nothing was planned"
         )
+
+
+async def _tool_pins(db: aiosqlite.Connection) -> list[ToolPin]:
+    cursor = await db.execute(
+        "SELECT name, fingerprint, accepted_fingerprint, first_seen_at, changed_at FROM upstream_tools ORDER BY name"
+    )
+    return [
+        ToolPin(
+            name=r[0],
+            fingerprint=r[1],
+            accepted_fingerprint=r[2],
+            first_seen_at=_time(r[3]),
+            changed_at=_time(r[4]) if r[4] is not None else None,
+        )
+        for r in await cursor.fetchall()
+    ]
 
 
 async def _must_batch(db: aiosqlite.Connection, batch_id: str) -> str | None:

@@ -1,0 +1,817 @@
+"""The PostgreSQL ledger: several processes and hosts share one database through a connection pool.
+
+It behaves exactly like the SQLite ledger (the contract tests run on both); what differs is how:
+
+- The clock is the database's `statement_timestamp()`: fixed within one statement (as SQLite's
+  'now'), fresh for each statement, so a transaction that waited for a lock measures a lease from
+  when it writes it, not from when it began (`now()` is frozen at the start of the transaction).
+- Claims are single statements over rows taken with `FOR UPDATE SKIP LOCKED`: two workers never
+  take the same row and never wait for each other. Completion is fenced on the lease owner.
+- `begin_send` locks the key's row (`FOR UPDATE`) or inserts it with `ON CONFLICT DO NOTHING`;
+  the duplicate guard holds a transaction advisory lock on the content, so two new keys for the
+  same content cannot both pass it at once.
+- Migrations are versioned (`hail_guard_schema_version`) and applied under an advisory lock.
+
+Every asyncpg and socket error is mapped to our tree in `_mapped`, and only there; messages name
+the server with the password masked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
+from datetime import datetime
+from importlib import resources
+from typing import Any
+from urllib.parse import unquote
+
+import anyio
+import asyncpg
+import structlog
+
+from hail_guard.errors import (
+    HailGuardError,
+    LeaseLost,
+    LedgerUnavailable,
+    NotFound,
+    ProbableDuplicate,
+    RefusedByPolicy,
+    SchemaTooNew,
+    Suppressed,
+)
+from hail_guard.ledger import Begin
+from hail_guard.models import (
+    BatchStatus,
+    Event,
+    Intent,
+    Operation,
+    Outcome,
+    State,
+    Suppression,
+    ToolPin,
+    normalise_recipient,
+)
+
+log = structlog.get_logger(__name__)
+
+NOW = "statement_timestamp()"
+"""The database clock: one value per statement."""
+MIGRATION_LOCK = 0x4861696C47756172
+"""Advisory lock key ("HailGuar") held while migrating, so processes starting at once take turns."""
+CONTENT_LOCK_SPACE = 0x48474346
+"""Advisory lock space ("HGCF") of the duplicate guard; the second key is a bucket of the content."""
+CONTENT_LOCK_BUCKETS = 256
+MIGRATION_LOCK_TIMEOUT = "60s"
+CLOSE_SECONDS = 5.0
+_LEASE_EXPIRED = "lease expired while sending: the request may have left"
+
+
+def _later(seconds: str) -> str:
+    """`NOW` plus a bound parameter of seconds (NULL stays NULL)."""
+    return f"{NOW} + {seconds}::float8 * interval '1 second'"
+
+
+_COLUMNS = (
+    "id, idempotency_key, tool, channel, recipients, request, request_fingerprint, content_fingerprint, "
+    "campaign_id, lead_id, message_id, batch_id, state, provider_id, result, last_error, review_reason, cancel_reason, "
+    "attempts, lease_owner, lease_expires_at, not_before, next_check_at, created_at, updated_at, "
+    "first_sent_at"
+)
+_SELECT = f"SELECT {_COLUMNS} FROM operations"
+_LIVE_STATES = "('planned', 'ready', 'sending', 'accepted', 'unknown', 'needs_review')"
+_SUPPRESSED = """EXISTS (
+    SELECT 1 FROM suppressions s
+    WHERE s.recipient = ANY (operations.recipient_keys) AND s.channel IN (operations.channel, 'all'))"""
+"""True for an operation any of whose recipients opted out of its channel."""
+
+_EXPIRE_LEASES = f"""
+    WITH expired AS (
+        UPDATE operations SET state = 'unknown', updated_at = {NOW}, next_check_at = {NOW}
+        WHERE state = 'sending' AND id IN (
+            SELECT id FROM operations WHERE state = 'sending' AND lease_expires_at <= {NOW}
+            FOR UPDATE SKIP LOCKED)
+        RETURNING id)
+    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+    SELECT id, {NOW}, 'sending', 'unknown', 'ledger', $1 FROM expired
+"""
+_LOCK_BY_KEY = f"{_SELECT} WHERE idempotency_key = $1 FOR UPDATE"
+_INSERT_SENDING = f"""
+    INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request,
+        request_fingerprint, content_fingerprint, campaign_id, lead_id, message_id, batch_id, state, attempts,
+        lease_owner, lease_expires_at, created_at, updated_at, first_sent_at)
+    VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12, $13, 'sending', 1,
+        $14, {_later("$15")}, {NOW}, {NOW}, {NOW})
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING {_COLUMNS}
+"""
+_INSERT_PLANNED = f"""
+    INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request,
+        request_fingerprint, content_fingerprint, campaign_id, lead_id, message_id, batch_id, state,
+        created_at, updated_at)
+    VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12, $13, $14, {NOW}, {NOW})
+"""
+_CLAIM_READY_BY_KEY = f"""
+    UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = $1,
+        lease_expires_at = {_later("$2")}, updated_at = {NOW}, first_sent_at = COALESCE(first_sent_at, {NOW})
+    WHERE id = $3 AND state = 'ready' AND request_fingerprint = $4
+      AND (not_before IS NULL OR not_before <= {NOW}) AND NOT {_SUPPRESSED}
+    RETURNING {_COLUMNS}
+"""
+_CLAIM_READY = f"""
+    WITH picked AS MATERIALIZED (
+        SELECT id FROM operations
+        WHERE state = 'ready' AND ($3::text IS NULL OR batch_id = $3)
+          AND (not_before IS NULL OR not_before <= {NOW}) AND NOT {_SUPPRESSED}
+        ORDER BY created_at, seq LIMIT $4
+        FOR UPDATE SKIP LOCKED),
+    claimed AS (
+        UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = $1,
+            lease_expires_at = {_later("$2")}, updated_at = {NOW},
+            first_sent_at = COALESCE(first_sent_at, {NOW})
+        FROM picked WHERE operations.id = picked.id
+        RETURNING operations.*),
+    logged AS (
+        INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+        SELECT id, {NOW}, 'ready', 'sending', $1, 'claimed; forwarding' FROM claimed)
+    SELECT {_COLUMNS} FROM claimed ORDER BY created_at, seq
+"""
+_CLAIM_UNKNOWN_SET = f"""
+    attempts = attempts + 1, lease_owner = $1, lease_expires_at = {_later("$2")}, updated_at = {NOW}
+"""
+_CLAIM_UNKNOWN_DUE = f"""
+    WITH picked AS MATERIALIZED (
+        SELECT id FROM operations
+        WHERE state = 'unknown' AND ($3::text IS NULL OR batch_id = $3)
+          AND (next_check_at IS NULL OR next_check_at <= {NOW})
+          AND (lease_expires_at IS NULL OR lease_expires_at <= {NOW})
+        ORDER BY next_check_at NULLS FIRST, seq LIMIT $4
+        FOR UPDATE SKIP LOCKED),
+    claimed AS (
+        UPDATE operations SET {_CLAIM_UNKNOWN_SET}
+        FROM picked WHERE operations.id = picked.id
+        RETURNING operations.*)
+    SELECT {_COLUMNS} FROM claimed ORDER BY next_check_at NULLS FIRST, seq
+"""
+_CLAIM_UNKNOWN_BY_ID = f"""
+    UPDATE operations SET {_CLAIM_UNKNOWN_SET}
+    WHERE id = $4 AND state = 'unknown' AND ($3::text IS NULL OR batch_id = $3)
+      AND (lease_expires_at IS NULL OR lease_expires_at <= {NOW})
+    RETURNING {_COLUMNS}
+"""
+_LOCK_BY_ID = f"{_SELECT} WHERE id = $1 FOR UPDATE"
+_RECORD = f"""
+    UPDATE operations SET state = $1, provider_id = COALESCE($2, provider_id), result = COALESCE($3::json, result),
+        last_error = COALESCE($4, last_error), review_reason = $5,
+        not_before = {_later("$6")}, next_check_at = {_later("$7")},
+        lease_expires_at = NULL, updated_at = {NOW}
+    WHERE id = $8 AND lease_owner = $9 AND state IN ('sending', 'unknown')
+    RETURNING {_COLUMNS}
+"""
+_EVENT = f"""
+    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason) VALUES ($1, {NOW}, $2, $3, $4, $5)
+"""
+_IS_SUPPRESSED = (
+    "SELECT EXISTS (SELECT 1 FROM suppressions WHERE recipient = ANY ($1::text[]) AND channel IN ($2, 'all'))"
+)
+_LIVE_DUPLICATE = f"""
+    SELECT wanted.position, {", ".join(f"o.{name}" for name in _COLUMNS.split(", "))}
+    FROM unnest($1::text[], $2::text[], $3::int[]) AS wanted (content_fingerprint, idempotency_key, position)
+    JOIN operations o ON o.content_fingerprint = wanted.content_fingerprint
+        AND o.idempotency_key <> wanted.idempotency_key
+    WHERE o.state IN {_LIVE_STATES} AND o.created_at >= {NOW} - $4::float8 * interval '1 second'
+    ORDER BY wanted.position, o.created_at DESC
+    LIMIT 1
+"""
+"""The first wanted (content, key) that a live operation under another key already has."""
+_LOCK_CONTENT = "SELECT pg_advisory_xact_lock($1, bucket) FROM unnest($2::int[]) AS bucket"
+_CANCEL_SUPPRESSED = f"""
+    WITH pending AS MATERIALIZED (
+        SELECT id, state FROM operations
+        WHERE state IN ('planned', 'ready') AND {_SUPPRESSED}
+        ORDER BY id
+        FOR UPDATE),
+    cancelled AS (
+        UPDATE operations SET state = 'cancelled', cancel_reason = $1, updated_at = {NOW}
+        FROM pending WHERE operations.id = pending.id
+        RETURNING operations.id, operations.seq, pending.state AS from_state),
+    logged AS (
+        INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+        SELECT id, {NOW}, from_state, 'cancelled', $2, $1 FROM cancelled)
+    SELECT id FROM cancelled ORDER BY seq
+"""
+_APPROVE_BATCH = f"""
+    WITH approved AS (
+        UPDATE operations SET state = 'ready', updated_at = {NOW}
+        WHERE batch_id = $1 AND state = 'planned'
+        RETURNING id)
+    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+    SELECT id, {NOW}, 'planned', 'ready', $2, 'batch approved' FROM approved
+"""
+_ADD_SUPPRESSION = f"""
+    INSERT INTO suppressions (recipient, channel, reason, source, created_at) VALUES ($1, $2, $3, $4, {NOW})
+    ON CONFLICT (recipient, channel) DO UPDATE SET reason = excluded.reason, source = excluded.source
+"""
+_LIST_OPERATIONS = f"""
+    {_SELECT} WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR campaign_id = $2)
+      AND ($3::text IS NULL OR batch_id = $3)
+    ORDER BY created_at DESC, seq DESC LIMIT $4
+"""
+_OBSERVE_TOOL = f"""
+    INSERT INTO upstream_tools (name, fingerprint, accepted_fingerprint, first_seen_at) VALUES ($1, $2, $2, {NOW})
+    ON CONFLICT (name) DO UPDATE SET
+        changed_at = CASE WHEN excluded.fingerprint = upstream_tools.fingerprint
+                          THEN upstream_tools.changed_at ELSE {NOW} END,
+        fingerprint = excluded.fingerprint
+"""
+_ACCEPT_TOOLS = """
+    UPDATE upstream_tools SET accepted_fingerprint = fingerprint, changed_at = NULL
+    WHERE fingerprint <> accepted_fingerprint AND ($1::text[] IS NULL OR name = ANY ($1))
+    RETURNING name
+"""
+_TOOL_PINS = """
+    SELECT name, fingerprint, accepted_fingerprint, first_seen_at, changed_at FROM upstream_tools
+    ORDER BY name COLLATE "C"
+"""
+_SCHEMA_TABLE = "hail_guard_schema_version"
+_HAS_SCHEMA_TABLE = f"SELECT to_regclass('{_SCHEMA_TABLE}') IS NOT NULL"
+_SCHEMA_VERSION = f"SELECT COALESCE(max(version), 0) FROM {_SCHEMA_TABLE}"
+_CREATE_SCHEMA_TABLE = f"""
+    CREATE TABLE IF NOT EXISTS {_SCHEMA_TABLE} (
+        version    INTEGER PRIMARY KEY,
+        applied_at TIMESTAMPTZ NOT NULL DEFAULT statement_timestamp())
+"""
+
+
+class PostgresLedger:
+    def __init__(self, pool: asyncpg.Pool, where: str, secrets: frozenset[str]) -> None:
+        self._pool = pool
+        self._where = where
+        self._secrets = secrets
+
+    async def now(self) -> datetime:
+        async with self._read() as db:
+            value: datetime = await db.fetchval(f"SELECT {NOW}")
+        return value
+
+    async def begin_send(
+        self, intent: Intent, *, owner: str, lease_seconds: float, duplicate_window_seconds: float | None = None
+    ) -> Begin:
+        async with self._write() as db:
+            await _expire(db)
+            existing = await _one(db, _LOCK_BY_KEY, intent.idempotency_key)
+            if existing is None:
+                await _refuse_unsendable(db, intent, duplicate_window_seconds)
+                row = await db.fetchrow(
+                    _INSERT_SENDING, str(uuid.uuid4()), *_intent_values(intent), owner, lease_seconds
+                )
+                if row is not None:
+                    await _event(db, row["id"], None, State.SENDING, owner, "intent recorded; forwarding")
+                    return Begin(_operation(row), claimed=True)
+                existing = await _must_by_key(db, intent.idempotency_key)  # another process inserted it just now
+            row = await db.fetchrow(_CLAIM_READY_BY_KEY, owner, lease_seconds, existing.id, intent.request_fingerprint)
+            if row is not None:
+                await _event(db, existing.id, State.READY, State.SENDING, owner, "claimed; forwarding")
+                return Begin(_operation(row), claimed=True)
+            return Begin(existing, claimed=False)
+
+    async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
+        result = json.dumps(outcome.result) if outcome.result is not None else None
+        async with self._write() as db:
+            before = await _one(db, _LOCK_BY_ID, operation_id)
+            if before is None:
+                raise _not_found(operation_id)
+            row = await db.fetchrow(
+                _RECORD,
+                outcome.state.value,
+                outcome.provider_id,
+                result,
+                outcome.error,
+                outcome.review_reason,
+                outcome.not_before_seconds,
+                outcome.check_after_seconds,
+                operation_id,
+                owner,
+            )
+            if row is None:
+                raise LeaseLost(
+                    f"operation {operation_id} is no longer ours to record (state {before.state.value}, "
+                    f"claimed by another worker); its outcome was not overwritten"
+                )
+            await _event(db, operation_id, before.state, outcome.state, actor, outcome.reason)
+            return _operation(row)
+
+    async def claim_unknown(
+        self,
+        *,
+        owner: str,
+        lease_seconds: float,
+        operation_id: str | None = None,
+        batch_id: str | None = None,
+        limit: int = 100,
+    ) -> list[Operation]:
+        async with self._write() as db:
+            await _expire(db)
+            if operation_id is not None:  # an operator asked for this one: wait for a lock rather than skip it
+                rows = await db.fetch(_CLAIM_UNKNOWN_BY_ID, owner, lease_seconds, batch_id, operation_id)
+            else:
+                rows = await db.fetch(_CLAIM_UNKNOWN_DUE, owner, lease_seconds, batch_id, limit)
+            return [_operation(row) for row in rows]
+
+    async def plan_batch(
+        self,
+        *,
+        batch_id: str,
+        name: str | None,
+        intents: Sequence[Intent],
+        state: State,
+        actor: str,
+        duplicate_window_seconds: float | None = None,
+    ) -> None:
+        rows = [(str(uuid.uuid4()), intent.model_copy(update={"batch_id": batch_id})) for intent in intents]
+        async with self._write() as db:
+            await db.execute(
+                f"INSERT INTO batches (id, name, created_by, created_at) VALUES ($1, $2, $3, {NOW})",
+                batch_id,
+                name,
+                actor,
+            )
+            await _refuse_known_keys(db, intents)
+            await _refuse_duplicates(db, intents, duplicate_window_seconds, numbered=True)
+            await db.executemany(
+                _INSERT_PLANNED, [(op_id, *_intent_values(intent), state.value) for op_id, intent in rows]
+            )
+            await db.executemany(
+                _EVENT, [(op_id, None, state.value, actor, f"planned in batch {batch_id}") for op_id, _ in rows]
+            )
+            await db.fetch(_CANCEL_SUPPRESSED, "the recipient opted out before the send", actor)
+
+    async def approve_batch(self, batch_id: str, *, actor: str) -> int:
+        async with self._write() as db:
+            await _must_batch(db, batch_id)
+            return _count(await db.execute(_APPROVE_BATCH, batch_id, actor))
+
+    async def claim_ready(
+        self, *, owner: str, lease_seconds: float, batch_id: str | None = None, limit: int = 1
+    ) -> list[Operation]:
+        async with self._write() as db:
+            await _expire(db)
+            return [_operation(row) for row in await db.fetch(_CLAIM_READY, owner, lease_seconds, batch_id, limit)]
+
+    async def batch_status(self, batch_id: str) -> BatchStatus:
+        async with self._read() as db:
+            name = await _must_batch(db, batch_id)
+            rows = await db.fetch("SELECT state, count(*) FROM operations WHERE batch_id = $1 GROUP BY state", batch_id)
+            unresolved = await db.fetch(
+                f"{_SELECT} WHERE batch_id = $1 AND state IN ('sending', 'unknown', 'needs_review') "
+                "ORDER BY created_at, seq LIMIT 100",
+                batch_id,
+            )
+        counts = {State(row[0]): int(row[1]) for row in rows}
+        return BatchStatus(batch_id=batch_id, name=name, counts=counts, unresolved=[_operation(r) for r in unresolved])
+
+    async def count_by_state(self) -> dict[State, int]:
+        async with self._read() as db:
+            rows = await db.fetch("SELECT state, count(*) FROM operations GROUP BY state")
+        return {State(row[0]): int(row[1]) for row in rows}
+
+    async def add_suppression(self, suppression: Suppression, *, actor: str) -> list[str]:
+        recipient = normalise_recipient(suppression.recipient)
+        reason = f"the recipient opted out: {suppression.reason} (source: {suppression.source})"
+        async with self._write() as db:
+            await db.execute(_ADD_SUPPRESSION, recipient, suppression.channel, suppression.reason, suppression.source)
+            return [row[0] for row in await db.fetch(_CANCEL_SUPPRESSED, reason, actor)]
+
+    async def remove_suppression(self, recipient: str, channel: str) -> bool:
+        async with self._write() as db:
+            status = await db.execute(
+                "DELETE FROM suppressions WHERE recipient = $1 AND channel = $2",
+                normalise_recipient(recipient),
+                channel,
+            )
+        return _count(status) > 0
+
+    async def list_suppressions(self) -> list[Suppression]:
+        async with self._read() as db:
+            rows = await db.fetch(
+                "SELECT recipient, channel, reason, source, created_at FROM suppressions "
+                "ORDER BY created_at, recipient, channel"
+            )
+        return [Suppression.model_validate(dict(row.items())) for row in rows]
+
+    async def is_suppressed(self, recipients: Sequence[str], channel: str) -> bool:
+        async with self._read() as db:
+            return await _suppressed(db, recipients, channel)
+
+    async def observe_tools(self, fingerprints: Mapping[str, str]) -> list[ToolPin]:
+        async with self._write() as db:
+            await db.executemany(_OBSERVE_TOOL, sorted(fingerprints.items()))  # one order: no deadlock
+            return [ToolPin.model_validate(dict(row.items())) for row in await db.fetch(_TOOL_PINS)]
+
+    async def accept_tools(self, names: Sequence[str] | None = None) -> list[str]:
+        async with self._write() as db:
+            rows = await db.fetch(_ACCEPT_TOOLS, list(names) if names is not None else None)
+        return sorted(row[0] for row in rows)
+
+    async def tool_pins(self) -> list[ToolPin]:
+        async with self._read() as db:
+            rows = await db.fetch(_TOOL_PINS)
+        return [ToolPin.model_validate(dict(row.items())) for row in rows]
+
+    async def oldest(self, state: State) -> Operation | None:
+        async with self._read() as db:
+            return await _one(db, f"{_SELECT} WHERE state = $1 ORDER BY created_at, seq LIMIT 1", state.value)
+
+    async def get(self, operation_id: str) -> Operation:
+        async with self._read() as db:
+            found = await _one(db, f"{_SELECT} WHERE id = $1", operation_id)
+        if found is None:
+            raise _not_found(operation_id)
+        return found
+
+    async def find_by_key(self, idempotency_key: str) -> Operation | None:
+        async with self._read() as db:
+            return await _one(db, f"{_SELECT} WHERE idempotency_key = $1", idempotency_key)
+
+    async def list_operations(
+        self,
+        *,
+        state: State | None = None,
+        campaign_id: str | None = None,
+        batch_id: str | None = None,
+        limit: int = 100,
+    ) -> list[Operation]:
+        state_value = state.value if state is not None else None
+        async with self._read() as db:
+            rows = await db.fetch(_LIST_OPERATIONS, state_value, campaign_id, batch_id, limit)
+        return [_operation(row) for row in rows]
+
+    async def events(self, operation_id: str) -> list[Event]:
+        async with self._read() as db:
+            rows = await db.fetch(
+                "SELECT operation_id, at, from_state, to_state, actor, reason FROM events "
+                "WHERE operation_id = $1 ORDER BY id",
+                operation_id,
+            )
+        return [Event.model_validate(dict(row.items())) for row in rows]
+
+    async def expire_leases(self) -> int:
+        async with self._write() as db:
+            return await _expire(db)
+
+    async def aclose(self) -> None:
+        """Close the pool: wait a moment for connections in use, then cut them."""
+        with _mapped(self._where, self._secrets):
+            with anyio.move_on_after(CLOSE_SECONDS):
+                await self._pool.close()  # cancelled, it terminates the connections itself
+
+    @asynccontextmanager
+    async def _write(self) -> AsyncIterator[asyncpg.Connection]:
+        """One transaction on one pooled connection: committed on success, rolled back on any error."""
+        with _mapped(self._where, self._secrets):
+            async with self._pool.acquire() as db:
+                transaction = db.transaction()
+                await transaction.start()
+                try:
+                    yield db
+                except BaseException:
+                    with (
+                        anyio.CancelScope(shield=True),
+                        suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError),
+                    ):
+                        await transaction.rollback()  # a dead connection is discarded by the pool anyway
+                    raise
+                with anyio.CancelScope(shield=True):
+                    await transaction.commit()
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[asyncpg.Connection]:
+        with _mapped(self._where, self._secrets):
+            async with self._pool.acquire() as db:
+                yield db
+
+
+@asynccontextmanager
+async def open_postgres_ledger(
+    url: str,
+    *,
+    busy_timeout_seconds: float = 5.0,
+    connect_timeout_seconds: float = 10.0,
+    min_connections: int = 1,
+    max_connections: int = 10,
+) -> AsyncIterator[PostgresLedger]:
+    """Connect a pool to `url` and migrate the database.
+
+    `busy_timeout_seconds` bounds every wait for a lock held by another process (`lock_timeout`),
+    like the SQLite ledger's busy timeout.
+    """
+    where, secrets = describe(url)
+    with _mapped(where, secrets):
+        pool = await asyncpg.create_pool(
+            url,
+            min_size=min_connections,
+            max_size=max_connections,
+            timeout=connect_timeout_seconds,
+            server_settings={
+                "application_name": "hail-guard",
+                "lock_timeout": f"{max(1, int(busy_timeout_seconds * 1000))}ms",
+            },
+        )
+    ledger = PostgresLedger(pool, where, secrets)
+    try:
+        with _mapped(where, secrets):
+            async with pool.acquire() as db:
+                await _migrate(db, where)
+        yield ledger
+    finally:
+        with anyio.CancelScope(shield=True):
+            await ledger.aclose()
+
+
+async def migrate(url: str, *, connect_timeout_seconds: float = 10.0) -> int:
+    """Bring the database at `url` to the newest schema this hail-guard knows; returns that version.
+
+    Safe to run from several processes at once: they take turns under an advisory lock.
+    """
+    where, secrets = describe(url)
+    with _mapped(where, secrets):
+        db = await asyncpg.connect(url, timeout=connect_timeout_seconds)
+        try:
+            return await _migrate(db, where)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await db.close()
+
+
+def migrations() -> list[tuple[int, str]]:
+    """(version, SQL) for every migration shipped, in order."""
+    folder = resources.files("hail_guard.ledger") / "migrations" / "postgres"
+    found = [
+        (int(item.name.split("_")[0]), item.read_text()) for item in folder.iterdir() if item.name.endswith(".sql")
+    ]
+    return sorted(found)
+
+
+async def _migrate(db: asyncpg.Connection, where: str) -> int:
+    """Check the encoding and the version; apply what is missing, all or nothing, one process at a time."""
+    encoding = await db.fetchval("SHOW server_encoding")
+    if encoding != "UTF8":
+        raise LedgerUnavailable(
+            f"the PostgreSQL ledger at {where} uses encoding {encoding}; hail-guard stores requests exactly as "
+            "sent and needs a UTF8 database (CREATE DATABASE ... ENCODING 'UTF8')"
+        )
+    known = migrations()
+    latest = known[-1][0]
+    if _check_version(await _version(db), latest, where) == latest:
+        return latest  # nothing to do: no lock, no DDL (a role without CREATE can use a migrated database)
+    async with db.transaction():
+        await db.execute(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT}'")
+        await db.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+        await db.execute(_CREATE_SCHEMA_TABLE)
+        current = _check_version(await _version(db), latest, where)
+        pending = [(version, sql) for version, sql in known if version > current]
+        for version, sql in pending:
+            await db.execute(sql)
+            await db.execute(f"INSERT INTO {_SCHEMA_TABLE} (version) VALUES ($1)", version)
+    for version, _ in pending:  # committed
+        log.info("ledger_migrated", backend="postgres", ledger=where, version=version)
+    return latest
+
+
+async def _version(db: asyncpg.Connection) -> int:
+    if not await db.fetchval(_HAS_SCHEMA_TABLE):
+        return 0
+    version: int = await db.fetchval(_SCHEMA_VERSION)
+    return version
+
+
+def _check_version(current: int, latest: int, where: str) -> int:
+    if current > latest:
+        raise SchemaTooNew(
+            f"the PostgreSQL ledger at {where} has schema version {current}, newer than this hail-guard knows "
+            f"({latest}); upgrade hail-guard"
+        )
+    return current
+
+
+_PASSWORD_IN_NETLOC = re.compile(r"(://[^/?#@:]*:)([^/?#]*)@")
+"""user:PASSWORD@ up to the last @ of the authority (an unescaped @ in a password stays hidden)."""
+_PASSWORD_IN_QUERY = re.compile(r"([?&]password=)([^&#]*)", re.IGNORECASE)
+
+
+def describe(url: str) -> tuple[str, frozenset[str]]:
+    """The URL with its password masked, and the password's spellings to scrub from any message."""
+    found = [m.group(2) for m in (*_PASSWORD_IN_NETLOC.finditer(url), *_PASSWORD_IN_QUERY.finditer(url))]
+    secrets = frozenset(s for raw in found if raw for s in (raw, unquote(raw)))
+    where = _PASSWORD_IN_QUERY.sub(r"\1***", _PASSWORD_IN_NETLOC.sub(r"\1***@", url))
+    return where, secrets
+
+
+_EXPLANATIONS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], str], ...] = (
+    (
+        OSError,
+        "cannot reach the PostgreSQL ledger at {where}: {detail}; check that the server is running and the host "
+        "and port in the ledger URL",
+    ),
+    (
+        asyncpg.InvalidPasswordError,
+        "the PostgreSQL ledger at {where} refused the password: check the user and password in the ledger URL",
+    ),
+    (asyncpg.InvalidAuthorizationSpecificationError, "the PostgreSQL ledger at {where} refused the login: {detail}"),
+    (
+        asyncpg.InvalidCatalogNameError,
+        "the PostgreSQL ledger at {where} does not exist: {detail}; create the database or fix the ledger URL",
+    ),
+    (
+        (asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError),
+        "the PostgreSQL ledger at {where} is not accepting connections now: {detail}; retry",
+    ),
+    (
+        (asyncpg.ClientConfigurationError, ValueError),  # a malformed URL; a value asyncpg cannot send
+        "the PostgreSQL ledger at {where} cannot be used: {detail}",
+    ),
+    (
+        (
+            asyncpg.PostgresConnectionError,
+            asyncpg.InterfaceError,
+            asyncpg.exceptions.InternalClientError,
+            asyncpg.OperatorInterventionError,
+        ),
+        "the connection to the PostgreSQL ledger at {where} failed: {detail}; nothing more was recorded, retry",
+    ),
+    (
+        asyncpg.LockNotAvailableError,
+        "the PostgreSQL ledger at {where} stayed locked past the lock timeout; another process holds it: retry, "
+        "or raise [ledger] busy_timeout_seconds",
+    ),
+    (
+        (asyncpg.TransactionRollbackError, asyncpg.UniqueViolationError),
+        "another process wrote the PostgreSQL ledger at {where} at the same moment ({detail}); nothing was "
+        "recorded: retry",
+    ),
+    (
+        asyncpg.ReadOnlySQLTransactionError,
+        "the PostgreSQL ledger at {where} is read-only (a standby?): point the ledger URL at the primary",
+    ),
+    (
+        asyncpg.InsufficientResourcesError,
+        "the PostgreSQL ledger at {where} is out of resources (disk full?): {detail}",
+    ),
+    (asyncpg.InsufficientPrivilegeError, "the user of the PostgreSQL ledger at {where} lacks a privilege: {detail}"),
+    (
+        asyncpg.UndefinedTableError,
+        "the PostgreSQL ledger at {where} has no hail-guard tables ({detail}): run `hail-guard migrate`",
+    ),
+)
+"""What each kind of failure means for the operator, first match wins; anything else says what failed."""
+
+
+@contextmanager
+def _mapped(where: str, secrets: frozenset[str] = frozenset()) -> Iterator[None]:
+    """The one place asyncpg and socket errors become ours; the password never reaches a message."""
+    try:
+        yield
+    except HailGuardError:
+        raise
+    except (
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+        asyncpg.exceptions.InternalClientError,
+        OSError,
+        ValueError,
+    ) as exc:
+        message = _explain(exc, where)
+        for secret in secrets:
+            message = message.replace(secret, "***")
+        leaks = any(secret in str(exc) for secret in secrets)
+        raise LedgerUnavailable(message) from (None if leaks else exc)
+
+
+def _explain(exc: Exception, where: str) -> str:
+    detail = str(exc) or type(exc).__name__
+    for kinds, template in _EXPLANATIONS:
+        if isinstance(exc, kinds):
+            return template.format(where=where, detail=detail)
+    return f"the PostgreSQL ledger at {where} failed: {detail}"
+
+
+async def _expire(db: asyncpg.Connection) -> int:
+    return _count(await db.execute(_EXPIRE_LEASES, _LEASE_EXPIRED))
+
+
+def _intent_values(intent: Intent) -> tuple[Any, ...]:
+    return (
+        intent.idempotency_key,
+        intent.tool,
+        intent.channel,
+        json.dumps(list(intent.recipients)),
+        [normalise_recipient(r) for r in intent.recipients],
+        intent.request,
+        intent.request_fingerprint,
+        intent.content_fingerprint,
+        intent.campaign_id,
+        intent.lead_id,
+        intent.message_id,
+        intent.batch_id,
+    )
+
+
+async def _suppressed(db: asyncpg.Connection, recipients: Sequence[str], channel: str) -> bool:
+    names = [normalise_recipient(r) for r in recipients]
+    return bool(names) and bool(await db.fetchval(_IS_SUPPRESSED, names, channel))
+
+
+async def _refuse_unsendable(db: asyncpg.Connection, intent: Intent, duplicate_window_seconds: float | None) -> None:
+    """Refuse before recording: an opted-out recipient, or a fresh key for content already sent."""
+    if await _suppressed(db, intent.recipients, intent.channel):
+        raise Suppressed(
+            f"{', '.join(intent.recipients)} opted out of {intent.channel}; nothing was recorded or sent "
+            "(see `hail-guard suppress list`)"
+        )
+    await _refuse_duplicates(db, [intent], duplicate_window_seconds, numbered=False)
+
+
+async def _refuse_duplicates(
+    db: asyncpg.Connection, intents: Sequence[Intent], window_seconds: float | None, *, numbered: bool
+) -> None:
+    """The duplicate guard, under advisory locks on the content so a concurrent new key waits for ours."""
+    if window_seconds is None:
+        return
+    checked = [(n, intent) for n, intent in enumerate(intents, start=1) if not intent.allow_duplicate]
+    if not checked:
+        return
+    buckets = sorted({zlib.crc32(i.content_fingerprint.encode()) % CONTENT_LOCK_BUCKETS for _, i in checked})
+    await db.execute(_LOCK_CONTENT, CONTENT_LOCK_SPACE, buckets)
+    row = await db.fetchrow(
+        _LIVE_DUPLICATE,
+        [i.content_fingerprint for _, i in checked],
+        [i.idempotency_key for _, i in checked],
+        [n for n, _ in checked],
+        window_seconds,
+    )
+    if row is None:
+        return
+    earlier = _operation({name: row[name] for name in _COLUMNS.split(", ")})
+    message = (
+        f"probable duplicate: operation {earlier.id} (key {earlier.idempotency_key!r}, state "
+        f"{earlier.state.value}) already has this content for {', '.join(earlier.recipients)}; nothing was "
+        "sent. If it is unknown, call `reconcile`; to send it again on purpose, pass allow_duplicate: true"
+    )
+    raise ProbableDuplicate(f"send {row['position']}: {message}" if numbered else message, operation_id=earlier.id)
+
+
+async def _refuse_known_keys(db: asyncpg.Connection, intents: Sequence[Intent]) -> None:
+    positions = {intent.idempotency_key: n for n, intent in enumerate(intents, start=1)}
+    rows = await db.fetch(
+        "SELECT idempotency_key, id FROM operations WHERE idempotency_key = ANY ($1::text[])", list(positions)
+    )
+    taken = sorted((positions[key], key, op_id) for key, op_id in rows)
+    if taken:
+        named = "; ".join(f"send {n} (key {key!r} is operation {op_id})" for n, key, op_id in taken[:10])
+        raise RefusedByPolicy(f"{len(taken)} send(s) already exist in the ledger: {named}; nothing was planned")
+
+
+async def _must_batch(db: asyncpg.Connection, batch_id: str) -> str | None:
+    row = await db.fetchrow("SELECT name FROM batches WHERE id = $1", batch_id)
+    if row is None:
+        raise NotFound(f"no batch {batch_id}; plan one with `hail-guard batch plan FILE`")
+    name: str | None = row["name"]
+    return name
+
+
+async def _one(db: asyncpg.Connection, query: str, *args: Any) -> Operation | None:
+    row = await db.fetchrow(query, *args)
+    return _operation(row) if row is not None else None
+
+
+async def _must_by_key(db: asyncpg.Connection, key: str) -> Operation:
+    found = await _one(db, _LOCK_BY_KEY, key)
+    if found is None:  # inserted and deleted again between two statements: only a prune could do that
+        raise LedgerUnavailable(f"the operation under key {key!r} changed while it was being recorded; retry")
+    return found
+
+
+def _not_found(operation_id: str) -> NotFound:
+    return NotFound(f"no operation {operation_id}; list them with `hail-guard ops list`")
+
+
+async def _event(
+    db: asyncpg.Connection, operation_id: str, before: State | None, after: State, actor: str, reason: str
+) -> None:
+    await db.execute(_EVENT, operation_id, before.value if before else None, after.value, actor, reason)
+
+
+def _count(status: str) -> int:
+    """The row count in a command tag such as `INSERT 0 3` or `DELETE 1`."""
+    return int(status.rsplit(" ", 1)[-1])
+
+
+def _operation(row: Any) -> Operation:
+    """An operation from a row (an asyncpg Record or a mapping of `_COLUMNS`)."""
+    values = dict(row.items())
+    values["recipients"] = json.loads(values["recipients"])
+    values["result"] = json.loads(values["result"]) if values["result"] is not None else None
+    return Operation.model_validate(values)
