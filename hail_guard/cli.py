@@ -24,6 +24,7 @@ from hail_guard import __version__, app
 from hail_guard.batch import read_batch_file, run_worker
 from hail_guard.config import Settings, load_settings
 from hail_guard.errors import HailGuardError, NotFound
+from hail_guard.ledger import migrate as migrate_ledger
 from hail_guard.logs import configure_logging
 from hail_guard.models import SUPPRESSION_CHANNELS, BatchStatus, Operation, State, Suppression, normalise_recipient
 from hail_guard.server import batch_view, operation_view
@@ -89,6 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--batch", help="only this batch")
     worker.set_defaults(run=_worker)
 
+    migrate = commands.add_parser("migrate", help="create or upgrade the ledger's schema (SQLite or PostgreSQL)")
+    migrate.set_defaults(run=_migrate)
     status = commands.add_parser("status", help="counts by state, the review queue, upstream tool changes")
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(run=_status)
@@ -288,6 +291,12 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
         f"[bold]upstream tools[/bold] (as last seen): {len(pins)}"
         + (f"; CHANGED since accepted: {', '.join(changed)} (`hail-guard upstream accept`)" if changed else "")
     )
+    return 0
+
+
+async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
+    version = await migrate_ledger(settings.ledger.url)
+    print(f"the ledger is at schema version {version}")
     return 0
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import jsonschema
 
-from hail_guard.errors import RefusedByPolicy
+from hail_guard.errors import ProbableDuplicate, RefusedByPolicy, Suppressed
 from hail_guard.models import Answer, AnswerKind, Operation, Outcome, State
 
 DEFAULT_RETRY_AFTER_SECONDS = 30.0
@@ -310,3 +310,21 @@ def guarded_tool_names(schemas: Mapping[str, Mapping[str, Any]], configured: Seq
         if isinstance(properties, Mapping) and "idempotency_key" in properties:
             guarded.add(name)
     return guarded
+
+
+def suppressed_refusal(recipients: Sequence[str], channel: str) -> Suppressed:
+    """The refusal for a send to a recipient who opted out (both ledger backends raise it)."""
+    return Suppressed(
+        f"{', '.join(recipients)} opted out of {channel}; nothing was recorded or sent (see `hail-guard suppress list`)"
+    )
+
+
+def duplicate_refusal(earlier: Operation, position: int | None = None) -> ProbableDuplicate:
+    """The refusal for a new key whose content a live operation already carries."""
+    where = f"send {position}: " if position is not None else ""
+    return ProbableDuplicate(
+        f"{where}probable duplicate: operation {earlier.id} (key {earlier.idempotency_key!r}, state "
+        f"{earlier.state.value}) already has this content for {', '.join(earlier.recipients)}; nothing was "
+        "sent. If it is unknown, call `reconcile`; to send it again on purpose, pass allow_duplicate: true",
+        operation_id=earlier.id,
+    )

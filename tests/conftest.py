@@ -25,6 +25,12 @@ from tests.postgres import PostgresServer
 configure_logging("debug")
 
 
+@pytest.fixture(autouse=True)
+def _all_log_levels() -> None:
+    """Commands run in process reconfigure logging; every test starts from all levels again."""
+    configure_logging("debug")
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 async def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Ledger]:
     """Each backend in turn, on a fresh ledger (a new file; a new PostgreSQL database)."""

@@ -130,3 +130,16 @@ def test_a_worker_on_a_ledger_it_cannot_write_fails_clearly(
     code, _, err = run(capsys, "worker")
     assert code == 1
     assert "cannot be used" in err
+
+
+def test_migrate_reports_the_schema_version(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hail_guard.ledger.sqlite import migrations
+
+    code, out, _ = run(capsys, "migrate")
+    assert (code, out.strip()) == (0, f"the ledger is at schema version {migrations()[-1][0]}")
+
+
+def test_status_shows_counts_and_the_review_queue(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "status", "--json")
+    report = json.loads(out)
+    assert (code, report["operations"], report["review_queue"], report["oldest_unknown"]) == (0, {}, 0, None)

@@ -286,3 +286,33 @@ async def test_counts_by_state(ledger: Ledger) -> None:
     await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(3), state=State.READY, actor="op")
     await ledger.claim_ready(owner="w1", lease_seconds=60)
     assert await ledger.count_by_state() == {State.READY: 2, State.SENDING: 1}
+
+
+async def test_an_opt_out_wins_whatever_the_letter_case(ledger: Ledger) -> None:
+    """Recipients are compared as `normalise_recipient` writes them, Unicode case included."""
+    stop = Suppression(recipient="ÉLODIE@example.com", reason="STOP", source="sms reply")
+    [send] = [i.model_copy(update={"recipients": ("\tÉlodie@Example.com ",)}) for i in batch_intents(1)]
+    await ledger.plan_batch(batch_id="B0", name=None, intents=[send], state=State.READY, actor="op")
+    await ledger.add_suppression(stop, actor="op")
+    assert await ledger.claim_ready(owner="w1", lease_seconds=60, limit=5) == []
+    assert (await ledger.batch_status("B0")).counts == {State.CANCELLED: 1}
+
+
+async def test_tools_seen_first_are_accepted_and_changes_are_kept_until_accepted(ledger: Ledger) -> None:
+    pins = await ledger.observe_tools({"send_email": "f1", "whoami": "w1"})
+    assert [(p.name, p.changed) for p in pins] == [("send_email", False), ("whoami", False)]
+    pins = await ledger.observe_tools({"send_email": "f2", "whoami": "w1"})
+    assert [(p.name, p.changed) for p in pins] == [("send_email", True), ("whoami", False)]
+    assert pins[0].changed_at is not None
+    assert await ledger.accept_tools(["whoami"]) == []
+    assert await ledger.accept_tools() == ["send_email"]
+    assert not any(p.changed for p in await ledger.tool_pins())
+
+
+async def test_the_oldest_operation_in_a_state(ledger: Ledger) -> None:
+    assert await ledger.oldest(State.SENDING) is None
+    first = (await ledger.begin_send(intent("k1"), owner="w1", lease_seconds=60)).operation
+    await ledger.begin_send(intent("k2", body="other"), owner="w1", lease_seconds=60)
+    oldest = await ledger.oldest(State.SENDING)
+    assert oldest is not None
+    assert oldest.id == first.id

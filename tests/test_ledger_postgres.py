@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from hail_guard.errors import ConfigError, HailGuardError, LedgerUnavailable, SchemaTooNew
 from hail_guard.ledger import Ledger, open_ledger
-from hail_guard.models import Outcome, State, Suppression
+from hail_guard.models import Outcome, State
 from tests.postgres import PASSWORD, PASSWORD_ROLE, PostgresServer
 from tests.test_ledger_contract import ACCEPTED, batch_intents, intent
 
@@ -318,14 +318,3 @@ async def test_the_oldest_operation_in_a_state(postgres_url: str) -> None:
         oldest = await ledger.oldest(State.READY)
     assert oldest is not None
     assert oldest.idempotency_key == "b:0"
-
-
-async def test_an_opt_out_wins_in_batches_whatever_the_letter_case(postgres_url: str) -> None:
-    """Recipients are compared as `normalise_recipient` writes them, Unicode case included."""
-    stop = Suppression(recipient="ÉLODIE@example.com", reason="STOP", source="sms reply")
-    [send] = [i.model_copy(update={"recipients": ("\tÉlodie@Example.com ",)}) for i in batch_intents(1)]
-    async with open_ledger(postgres_url) as ledger:
-        await ledger.add_suppression(stop, actor="op")
-        await ledger.plan_batch(batch_id="B1", name=None, intents=[send], state=State.READY, actor="op")
-        assert await ledger.claim_ready(owner="w1", lease_seconds=60, limit=5) == []
-        assert (await ledger.batch_status("B1")).counts == {State.CANCELLED: 1}

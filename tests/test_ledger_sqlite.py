@@ -11,7 +11,7 @@ import pytest
 
 from hail_guard.errors import ConfigError, LedgerUnavailable, SchemaTooNew
 from hail_guard.ledger import open_ledger, sqlite_path
-from hail_guard.ledger.sqlite import _mapped, migrations
+from hail_guard.ledger.sqlite import _mapped, filesystem_type, migrations, refuse_network_filesystem
 from tests.test_ledger_contract import intent
 
 
@@ -96,3 +96,49 @@ def test_ledger_urls() -> None:
     assert sqlite_path("/plain/l.db") == "/plain/l.db"
     with pytest.raises(ConfigError, match="unsupported ledger URL"):
         sqlite_path("mysql://x")
+
+
+MOUNTS = """\
+/dev/vda / ext4 rw,relatime 0 0
+server:/export /mnt/shared nfs4 rw,relatime 0 0
+//nas/share /mnt/nas cifs rw 0 0
+tmpfs /mnt/shared/local tmpfs rw 0 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        ("/home/me/ledger.db", "ext4"),
+        ("/mnt/shared/ledger.db", "nfs4"),
+        ("/mnt/shared/local/ledger.db", "tmpfs"),
+        ("/mnt/nas/x/ledger.db", "cifs"),
+        ("/mnt/sharedother/ledger.db", "ext4"),
+    ],
+)
+def test_the_filesystem_holding_the_ledger_is_found(path: str, kind: str) -> None:
+    assert filesystem_type(path, MOUNTS) == kind
+
+
+def test_a_ledger_on_a_network_filesystem_is_refused_pointing_to_postgresql(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"/dev/vda / ext4 rw 0 0\nserver:/x {tmp_path} nfs rw 0 0\n")
+    with pytest.raises(LedgerUnavailable, match=r"network filesystem \(nfs\).*postgresql://"):
+        refuse_network_filesystem(str(tmp_path / "ledger.db"), str(mounts))
+    refuse_network_filesystem(str(tmp_path / "ledger.db"), str(tmp_path / "no-such-mounts"))
+
+
+async def test_processes_opening_a_new_ledger_at_once_migrate_it_once(tmp_path: Path) -> None:
+    import anyio
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+
+    async def open_and_close() -> None:
+        async with open_ledger(url, busy_timeout_seconds=10):
+            pass
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(6):  # separate connections, as separate processes have
+            tg.start_soon(open_and_close)
+    with sqlite3.connect(tmp_path / "ledger.db") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == migrations()[-1][0]

@@ -140,3 +140,30 @@ async def test_the_proxy_killed_after_acceptance_recovers_the_send_on_restart(tm
             history = data(await agent.call_tool("get_operation", {"idempotency_key": KEY}))["history"]
             assert [event["to_state"] for event in history] == ["sending", "unknown", "accepted"]
         assert len(outbox_lines(outbox)) == 1
+
+
+async def test_four_stdio_servers_on_one_ledger_lose_nothing(tmp_path: Path) -> None:
+    """Desktop clients spawn one server each; all of them share the SQLite ledger."""
+    from hail_guard.ledger import open_ledger
+    from hail_guard.models import State
+
+    async def agent(number: int, url: str) -> None:
+        async with Client(serve_params(tmp_path, url), mode="legacy") as client, anyio.create_task_group() as tg:
+            for lead in range(25):
+                arguments = email(
+                    to=[f"p{number}-lead{lead}@example.com"],
+                    metadata={"campaign_id": "c", "lead_id": f"p{number}-{lead}", "message_id": "intro"},
+                )
+                tg.start_soon(client.call_tool, "send_email", arguments)
+
+    async with running_sandbox(tmp_path) as (url, outbox):
+        serve_params(tmp_path, url)  # writes the shared config once before the servers start
+        async with anyio.create_task_group() as tg:
+            for number in range(4):
+                tg.start_soon(agent, number, url)
+        keys = [line["idempotency_key"] for line in outbox_lines(outbox)]
+        assert len(keys) == len(set(keys)) == 100
+    async with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        assert await ledger.count_by_state() == {State.ACCEPTED: 100}
+        operations = await ledger.list_operations(limit=200)
+        assert [len(await ledger.events(op.id)) for op in operations] == [2] * 100

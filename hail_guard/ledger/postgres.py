@@ -33,15 +33,14 @@ import anyio
 import asyncpg
 import structlog
 
+from hail_guard import policy
 from hail_guard.errors import (
     HailGuardError,
     LeaseLost,
     LedgerUnavailable,
     NotFound,
-    ProbableDuplicate,
     RefusedByPolicy,
     SchemaTooNew,
-    Suppressed,
 )
 from hail_guard.ledger import Begin
 from hail_guard.models import (
@@ -727,10 +726,7 @@ async def _suppressed(db: asyncpg.Connection, recipients: Sequence[str], channel
 async def _refuse_unsendable(db: asyncpg.Connection, intent: Intent, duplicate_window_seconds: float | None) -> None:
     """Refuse before recording: an opted-out recipient, or a fresh key for content already sent."""
     if await _suppressed(db, intent.recipients, intent.channel):
-        raise Suppressed(
-            f"{', '.join(intent.recipients)} opted out of {intent.channel}; nothing was recorded or sent "
-            "(see `hail-guard suppress list`)"
-        )
+        raise policy.suppressed_refusal(intent.recipients, intent.channel)
     await _refuse_duplicates(db, [intent], duplicate_window_seconds, numbered=False)
 
 
@@ -755,12 +751,7 @@ async def _refuse_duplicates(
     if row is None:
         return
     earlier = _operation({name: row[name] for name in _COLUMNS.split(", ")})
-    message = (
-        f"probable duplicate: operation {earlier.id} (key {earlier.idempotency_key!r}, state "
-        f"{earlier.state.value}) already has this content for {', '.join(earlier.recipients)}; nothing was "
-        "sent. If it is unknown, call `reconcile`; to send it again on purpose, pass allow_duplicate: true"
-    )
-    raise ProbableDuplicate(f"send {row['position']}: {message}" if numbered else message, operation_id=earlier.id)
+    raise policy.duplicate_refusal(earlier, row["position"] if numbered else None)
 
 
 async def _refuse_known_keys(db: asyncpg.Connection, intents: Sequence[Intent]) -> None:

@@ -20,15 +20,14 @@ from typing import Any
 import aiosqlite
 import anyio
 
+from hail_guard import policy
 from hail_guard.errors import (
     HailGuardError,
     LeaseLost,
     LedgerUnavailable,
     NotFound,
-    ProbableDuplicate,
     RefusedByPolicy,
     SchemaTooNew,
-    Suppressed,
 )
 from hail_guard.ledger import Begin
 from hail_guard.models import (
@@ -64,7 +63,7 @@ _EXPIRE_LEASES = f"""
 """
 _SUPPRESSED = """EXISTS (
     SELECT 1 FROM suppressions s, json_each(operations.recipients) r
-    WHERE s.recipient = lower(trim(r.value)) AND s.channel IN (operations.channel, 'all'))"""
+    WHERE s.recipient = hg_normalise(r.value) AND s.channel IN (operations.channel, 'all'))"""
 """True for an operation any of whose recipients opted out of its channel."""
 _INSERT = f"""
     INSERT INTO operations (id, idempotency_key, tool, channel, recipients, request, request_fingerprint,
@@ -180,10 +179,9 @@ class SqliteLedger:
             )
             await _refuse_known_keys(db, intents)
             for position, intent in enumerate(intents, start=1):
-                try:
-                    await _refuse_unsendable(db, intent, duplicate_window_seconds, check_suppression=False)
-                except ProbableDuplicate as exc:
-                    raise ProbableDuplicate(f"send {position}: {exc}", operation_id=exc.operation_id) from None
+                await _refuse_unsendable(
+                    db, intent, duplicate_window_seconds, check_suppression=False, position=position
+                )
             rows = [(str(uuid.uuid4()), intent) for intent in intents]
             await db.executemany(
                 _INSERT_PLANNED,
@@ -462,11 +460,14 @@ async def open_sqlite_ledger(path: str, *, busy_timeout_seconds: float = 5.0) ->
     """Open the file (created 0600 with its folder), switch on WAL and migrate it."""
     with _mapped(path):
         _create_private(path)
+        refuse_network_filesystem(path)
         connection = await aiosqlite.connect(path, isolation_level=None)
     ledger = SqliteLedger(connection, path)
     try:
         with _mapped(path):
             await connection.execute(f"PRAGMA busy_timeout = {int(busy_timeout_seconds * 1000)}")
+            # Opt-outs compare recipients exactly as Python normalises them (Unicode case included).
+            await connection.create_function("hg_normalise", 1, normalise_recipient, deterministic=True)
             await connection.execute("PRAGMA journal_mode = WAL")
             await connection.execute("PRAGMA synchronous = NORMAL")
             await connection.execute("PRAGMA foreign_keys = ON")
@@ -475,6 +476,41 @@ async def open_sqlite_ledger(path: str, *, busy_timeout_seconds: float = 5.0) ->
     finally:
         with anyio.CancelScope(shield=True):
             await ledger.aclose()
+
+
+NETWORK_FILESYSTEMS = frozenset(
+    {"nfs", "nfs4", "cifs", "smbfs", "smb3", "afs", "ceph", "glusterfs", "lustre", "9p", "fuse.sshfs", "davfs"}
+)
+"""SQLite's locking is not reliable on these: several processes could each think they hold a claim."""
+
+
+def filesystem_type(path: str, mounts: str) -> str | None:
+    """The type of the filesystem holding `path`, from a `/proc/mounts`-style table."""
+    target = os.path.realpath(path)
+    best, kind = "", None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount_point = fields[1].replace("\\040", " ")
+        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) > len(best):
+            best, kind = mount_point, fields[2]
+    return kind
+
+
+def refuse_network_filesystem(path: str, mounts_file: str = "/proc/mounts") -> None:
+    try:
+        with open(mounts_file, encoding="utf-8") as file:
+            mounts = file.read()
+    except OSError:
+        return  # not Linux: nothing to read the filesystem type from
+    kind = filesystem_type(os.path.dirname(os.path.abspath(path)), mounts)
+    if kind in NETWORK_FILESYSTEMS:
+        raise LedgerUnavailable(
+            f"the ledger {path} is on a network filesystem ({kind}), where SQLite's locks do not hold across "
+            'hosts; keep it on a local disk, or share one PostgreSQL ledger ([ledger] url = "postgresql://...")'
+        )
 
 
 def _create_private(path: str) -> None:
@@ -495,26 +531,26 @@ def migrations() -> list[tuple[int, str]]:
 
 
 async def _migrate(db: aiosqlite.Connection, path: str) -> None:
+    """Apply what is missing, all in one write transaction, so processes starting together take turns."""
     known = migrations()
     latest = known[-1][0]
-    row = await (await db.execute("PRAGMA user_version")).fetchone()
-    current = int(row[0]) if row else 0
-    if current > latest:
-        raise SchemaTooNew(
-            f"the ledger {path} has schema version {current}, newer than this hail-guard knows ({latest}); "
-            "upgrade hail-guard"
-        )
-    for version, sql in known:
-        if version <= current:
-            continue
-        await db.execute("BEGIN IMMEDIATE")
-        try:
-            await _run_script(db, sql)
-            await db.execute(f"PRAGMA user_version = {version}")
-        except BaseException:
-            await db.rollback()
-            raise
-        await db.commit()
+    await db.execute("BEGIN IMMEDIATE")
+    try:
+        row = await (await db.execute("PRAGMA user_version")).fetchone()
+        current = int(row[0]) if row else 0
+        if current > latest:
+            raise SchemaTooNew(
+                f"the ledger {path} has schema version {current}, newer than this hail-guard knows ({latest}); "
+                "upgrade hail-guard"
+            )
+        for version, sql in known:
+            if version > current:
+                await _run_script(db, sql)
+                await db.execute(f"PRAGMA user_version = {version}")
+    except BaseException:
+        await db.rollback()
+        raise
+    await db.commit()
 
 
 async def _run_script(db: aiosqlite.Connection, sql: str) -> None:
@@ -590,26 +626,23 @@ async def _suppressed(db: aiosqlite.Connection, recipients: Sequence[str], chann
 
 
 async def _refuse_unsendable(
-    db: aiosqlite.Connection, intent: Intent, duplicate_window_seconds: float | None, *, check_suppression: bool = True
+    db: aiosqlite.Connection,
+    intent: Intent,
+    duplicate_window_seconds: float | None,
+    *,
+    check_suppression: bool = True,
+    position: int | None = None,
 ) -> None:
     """Refuse before recording: an opted-out recipient, or a fresh key for content already sent."""
     if check_suppression and await _suppressed(db, intent.recipients, intent.channel):
-        raise Suppressed(
-            f"{', '.join(intent.recipients)} opted out of {intent.channel}; nothing was recorded or sent "
-            "(see `hail-guard suppress list`)"
-        )
+        raise policy.suppressed_refusal(intent.recipients, intent.channel)
     if duplicate_window_seconds is None or intent.allow_duplicate:
         return
     earlier = await _one(
         db, _LIVE_DUPLICATE, (intent.content_fingerprint, intent.idempotency_key, duplicate_window_seconds)
     )
     if earlier is not None:
-        raise ProbableDuplicate(
-            f"probable duplicate: operation {earlier.id} (key {earlier.idempotency_key!r}, state "
-            f"{earlier.state.value}) already has this content for {', '.join(earlier.recipients)}; nothing was "
-            "sent. If it is unknown, call `reconcile`; to send it again on purpose, pass allow_duplicate: true",
-            operation_id=earlier.id,
-        )
+        raise policy.duplicate_refusal(earlier, position)
 
 
 async def _refuse_known_keys(db: aiosqlite.Connection, intents: Sequence[Intent]) -> None:
