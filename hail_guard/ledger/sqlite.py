@@ -536,13 +536,7 @@ async def _migrate(db: aiosqlite.Connection, path: str) -> None:
     latest = known[-1][0]
     await db.execute("BEGIN IMMEDIATE")
     try:
-        row = await (await db.execute("PRAGMA user_version")).fetchone()
-        current = int(row[0]) if row else 0
-        if current > latest:
-            raise SchemaTooNew(
-                f"the ledger {path} has schema version {current}, newer than this hail-guard knows ({latest}); "
-                "upgrade hail-guard"
-            )
+        current = await _schema_version(db, path, latest)
         for version, sql in known:
             if version > current:
                 await _run_script(db, sql)
@@ -551,6 +545,17 @@ async def _migrate(db: aiosqlite.Connection, path: str) -> None:
         await db.rollback()
         raise
     await db.commit()
+
+
+async def _schema_version(db: aiosqlite.Connection, path: str, latest: int) -> int:
+    row = await (await db.execute("PRAGMA user_version")).fetchone()
+    current = int(row[0]) if row else 0
+    if current > latest:
+        raise SchemaTooNew(
+            f"the ledger {path} has schema version {current}, newer than this hail-guard knows ({latest}); "
+            "upgrade hail-guard"
+        )
+    return current
 
 
 async def _run_script(db: aiosqlite.Connection, sql: str) -> None:
