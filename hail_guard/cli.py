@@ -1,33 +1,40 @@
 """The `hail-guard` command line: the edge where settings are read and errors become exit codes.
 
-Exit codes: 0 done, 1 a hail-guard error (the message says what to do), 2 bad usage.
-Command output goes to stdout; logs and notices go to stderr.
+Exit codes: 0 done, 1 a hail-guard error (the message says what to do), 2 bad usage, 3 sends left
+unresolved (`batch run`, `review resend`). Command output goes to stdout; logs and notices go to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import getpass
 import json
+import os
+import re
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any, TextIO
 
 import anyio
+import anyio.to_thread
 import structlog
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hail_guard import __version__, app
+from hail_guard import __version__, app, keys, policy, review
 from hail_guard.batch import read_batch_file, run_worker
 from hail_guard.config import Settings, load_settings
-from hail_guard.errors import HailGuardError, NotFound
+from hail_guard.errors import ConfigError, HailGuardError, NotFound, RefusedByPolicy
+from hail_guard.ledger import Ledger
 from hail_guard.ledger import migrate as migrate_ledger
 from hail_guard.logs import configure_logging
 from hail_guard.models import SUPPRESSION_CHANNELS, BatchStatus, Operation, State, Suppression, normalise_recipient
-from hail_guard.server import batch_view, operation_view
+from hail_guard.server import batch_view, delivery_view, next_step, operation_view
 
 log = structlog.get_logger(__name__)
 _STATES = [state.value for state in State]
@@ -62,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hail-guard {__version__}")
     parser.add_argument("--config", help="TOML config file (default: $HAIL_GUARD_CONFIG, else built-in defaults)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from hail_guard import drill
+
+    rehearsal = commands.add_parser("drill", help="rehearse the failures against the sandbox: nothing is sent twice")
+    drill.add_arguments(rehearsal)
+    rehearsal.set_defaults(run=drill.run_from_args)
 
     serve = commands.add_parser("serve", help="run the MCP proxy (stdio; or SSE and Streamable HTTP)")
     serve.add_argument(
@@ -102,18 +115,66 @@ def _parser() -> argparse.ArgumentParser:
     accept.add_argument("tools", nargs="*", help="tool names (default: every changed tool)")
     accept.set_defaults(run=_upstream_accept)
 
-    ops = commands.add_parser("ops", help="inspect operations").add_subparsers(dest="ops", required=True)
+    _ops_commands(commands)
+    _review_commands(commands)
+    backup = commands.add_parser("backup", help="copy the SQLite ledger, online, to a new file")
+    backup.add_argument("path", help="the new file (never overwritten)")
+    backup.set_defaults(run=_backup)
+    prune = commands.add_parser("prune", help="delete old resolved operations and their history")
+    prune.add_argument(
+        "--older-than", type=float, required=True, metavar="DAYS", help="only operations untouched this many days"
+    )
+    prune.set_defaults(run=_prune)
+    return parser
+
+
+def _ops_commands(commands: Any) -> None:
+    ops = commands.add_parser("ops", help="inspect and export operations").add_subparsers(dest="ops", required=True)
     listing = ops.add_parser("list", help="list operations, newest first")
-    listing.add_argument("--state", choices=_STATES)
-    listing.add_argument("--campaign")
+    _filters(listing)
     listing.add_argument("--limit", type=int, default=50)
     listing.add_argument("--json", action="store_true", help="print JSON lines")
     listing.set_defaults(run=_ops_list)
-    show = ops.add_parser("show", help="one operation with its event history")
+    show = ops.add_parser("show", help="one operation with its whole history (states, decisions, delivery)")
     show.add_argument("id_or_key", help="operation id or idempotency key")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(run=_ops_show)
-    return parser
+    export = ops.add_parser("export", help="every operation (or those filtered), newest first, as CSV or JSON Lines")
+    _filters(export)
+    export.add_argument("--format", choices=["csv", "jsonl"], default="jsonl")
+    export.add_argument("--output", help="a new file (created 0600; default: stdout)")
+    export.set_defaults(run=_ops_export)
+
+
+def _filters(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state", choices=_STATES)
+    parser.add_argument("--campaign")
+    parser.add_argument("--batch", help="a batch id")
+    parser.add_argument("--recipient", help="an email address or phone number (any letter case)")
+    parser.add_argument("--since", type=_since, help="created since a date (2026-03-01, ISO 8601) or an age (7d, 12h)")
+
+
+def _review_commands(commands: Any) -> None:
+    review = commands.add_parser("review", help="the review queue: sends a human must decide").add_subparsers(
+        dest="review", required=True
+    )
+    listing = review.add_parser("list", help="operations waiting in needs_review, with why")
+    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--json", action="store_true", help="print JSON lines")
+    listing.set_defaults(run=_review_list)
+    resolve = review.add_parser("resolve", help="record what became of it (sends nothing)")
+    resolve.add_argument("id_or_key", help="operation id or idempotency key")
+    resolve.add_argument("--as", dest="resolution", required=True, choices=[s.value for s in policy.REVIEW_RESOLUTIONS])
+    resolve.add_argument("--reason", required=True, help="why: kept in the history")
+    resolve.add_argument("--provider-id", help="Hail's id of the message, when it was accepted")
+    resolve.add_argument("--by", default=getpass.getuser(), help="who decides (default: this user)")
+    resolve.set_defaults(run=_review_resolve)
+    resend = review.add_parser("resend", help="send it again as a NEW operation under a new key (asks first)")
+    resend.add_argument("id_or_key", help="operation id or idempotency key")
+    resend.add_argument("--reason", required=True, help="why: kept in the history")
+    resend.add_argument("--yes", action="store_true", help="confirm without asking (for scripts)")
+    resend.add_argument("--by", default=getpass.getuser(), help="who decides (default: this user)")
+    resend.set_defaults(run=_review_resend)
 
 
 def _batch_commands(commands: Any) -> None:
@@ -200,7 +261,7 @@ async def _batch_status(args: argparse.Namespace, settings: Settings) -> int:
 async def _worker(args: argparse.Namespace, settings: Settings) -> int:
     stop = anyio.Event()
     concurrency = args.concurrency or settings.worker.concurrency
-    async with app.open_proxy(settings) as proxy, anyio.create_task_group() as tg:
+    async with app.open_proxy(settings) as proxy, app.tracking(settings, proxy), anyio.create_task_group() as tg:
 
         async def on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -336,10 +397,9 @@ async def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _ops_list(args: argparse.Namespace, settings: Settings) -> int:
-    state = State(args.state) if args.state else None
     async with app.open_ledger_from(settings) as ledger:
         await ledger.expire_leases()
-        operations = await ledger.list_operations(state=state, campaign_id=args.campaign, limit=args.limit)
+        operations = await ledger.list_operations(**_filter_values(args), limit=args.limit)
     if args.json:
         for operation in operations:
             print(json.dumps(operation_view(operation)))
@@ -350,17 +410,13 @@ async def _ops_list(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _ops_show(args: argparse.Namespace, settings: Settings) -> int:
     async with app.open_ledger_from(settings) as ledger:
-        try:
-            operation = await ledger.get(args.id_or_key)
-        except NotFound:
-            found = await ledger.find_by_key(args.id_or_key)
-            if found is None:
-                raise NotFound(f"no operation has the id or key {args.id_or_key!r}") from None
-            operation = found
+        operation = await _find_operation(ledger, args.id_or_key)
         events = await ledger.events(operation.id)
+        deliveries = delivery_view(await ledger.delivery_events(operation.id))
     history = [event.model_dump(mode="json", exclude={"operation_id"}) for event in events]
     if args.json:
-        print(json.dumps({**operation_view(operation), "request": operation.arguments(), "history": history}, indent=2))
+        shown = {**operation_view(operation), "request": operation.arguments(), "history": history}
+        print(json.dumps({**shown, "delivery_events": deliveries}, indent=2))
         return 0
     console = Console()
     for name, value in operation_view(operation).items():
@@ -369,16 +425,224 @@ async def _ops_show(args: argparse.Namespace, settings: Settings) -> int:
     for event in history:
         table.add_row(event["at"], event["from_state"] or "-", event["to_state"], event["actor"], event["reason"])
     console.print(table)
+    if deliveries:
+        table = Table("delivery", "happened", "recorded", "from", title="delivery")
+        for item in deliveries:
+            source = f"{item['source']} {item['detail'] or ''}".strip()
+            table.add_row(item["state"], item["occurred_at"] or "-", item["recorded_at"], source)
+        console.print(table)
+    return 0
+
+
+async def _find_operation(ledger: Ledger, id_or_key: str) -> Operation:
+    try:
+        return await ledger.get(id_or_key)
+    except NotFound:
+        found = await ledger.find_by_key(id_or_key)
+    if found is None:
+        raise NotFound(f"no operation has the id or key {id_or_key!r}")
+    return found
+
+
+EXPORT_COLUMNS = (
+    "id",
+    "idempotency_key",
+    "state",
+    "tool",
+    "channel",
+    "recipients",
+    "campaign_id",
+    "lead_id",
+    "message_id",
+    "batch_id",
+    "provider_id",
+    "attempts",
+    "delivery_state",
+    "delivery_at",
+    "review_reason",
+    "cancel_reason",
+    "last_error",
+    "resend_of",
+    "resent_as",
+    "created_at",
+    "updated_at",
+    "first_sent_at",
+)
+"""The CSV columns of `ops export` (JSON Lines carries every field, the stored request included)."""
+EXPORT_PAGE = 500
+
+
+async def _ops_export(args: argparse.Namespace, settings: Settings) -> int:
+    count = 0
+    async with app.open_ledger_from(settings) as ledger:
+        with _export_target(args.output) as out:
+            write = _csv_writer(out) if args.format == "csv" else _jsonl_writer(out)
+            before: str | None = None
+            while page := await ledger.list_operations(**_filter_values(args), before=before, limit=EXPORT_PAGE):
+                for operation in page:
+                    write(operation)
+                count += len(page)
+                before = page[-1].id
+    if args.output:
+        print(f"exported {count} operation(s) to {args.output}")
+    return 0
+
+
+@contextmanager
+def _export_target(path: str | None) -> Iterator[TextIO]:
+    if path is None:
+        yield sys.stdout
+        return
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the export to {path}: {exc.strerror} (it must be a new file)") from exc
+    with open(descriptor, "w", encoding="utf-8", newline="") as file:
+        yield file
+
+
+def _csv_writer(out: TextIO) -> Callable[[Operation], None]:
+    writer = csv.writer(out)
+    writer.writerow(EXPORT_COLUMNS)
+
+    def write(operation: Operation) -> None:
+        values = operation.model_dump(mode="json")
+        values["recipients"] = ";".join(operation.recipients)
+        writer.writerow(["" if values[name] is None else values[name] for name in EXPORT_COLUMNS])
+
+    return write
+
+
+def _jsonl_writer(out: TextIO) -> Callable[[Operation], None]:
+    def write(operation: Operation) -> None:
+        out.write(operation.model_dump_json() + "\n")
+
+    return write
+
+
+def _filter_values(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "state": State(args.state) if args.state else None,
+        "campaign_id": args.campaign,
+        "batch_id": args.batch,
+        "recipient": args.recipient,
+        "since": args.since,
+    }
+
+
+_AGE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([dhm])$")
+_AGE_UNITS = {"d": "days", "h": "hours", "m": "minutes"}
+
+
+def _since(text: str) -> datetime:
+    """`--since`: an ISO 8601 date or time (UTC unless it says), or an age such as 7d, 12h, 30m."""
+    age = _AGE.match(text.strip().lower())
+    if age is not None:
+        return datetime.now(UTC) - timedelta(**{_AGE_UNITS[age.group(2)]: float(age.group(1))})
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a date (2026-03-01, 2026-03-01T09:00) nor an age (7d, 12h, 30m)"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+async def _review_list(args: argparse.Namespace, settings: Settings) -> int:
+    async with app.open_ledger_from(settings) as ledger:
+        await ledger.expire_leases()
+        waiting = await ledger.list_operations(state=State.NEEDS_REVIEW, limit=args.limit)
+    if args.json:
+        for operation in waiting:
+            print(json.dumps(operation_view(operation)))
+        return 0
+    if not waiting:
+        print("nothing waits for review")
+        return 0
+    table = Table("operation", "key", "tool", "to", "why", "since", title=f"{len(waiting)} operation(s) in review")
+    for op in waiting:
+        since = op.updated_at.strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(op.id, op.idempotency_key, op.tool, ", ".join(op.recipients), op.review_reason or "-", since)
+    Console().print(table)
+    return 0
+
+
+async def _review_resolve(args: argparse.Namespace, settings: Settings) -> int:
+    async with app.open_ledger_from(settings) as ledger:
+        operation = await _find_operation(ledger, args.id_or_key)
+        resolved = await ledger.resolve_review(
+            operation.id,
+            state=State(args.resolution),
+            reason=args.reason,
+            actor=args.by,
+            provider_id=args.provider_id,
+        )
+    print(f"{resolved.id} resolved as {resolved.state.value} by {args.by}")
+    return 0
+
+
+async def _review_resend(args: argparse.Namespace, settings: Settings) -> int:
+    async with app.open_ledger_from(settings) as ledger:
+        operation = await _find_operation(ledger, args.id_or_key)
+    if operation.state is not State.NEEDS_REVIEW:
+        raise policy.not_in_review(operation, "resent")
+    if not args.yes and not await _confirm_resend(operation):
+        print("nothing was resent", file=sys.stderr)
+        return 1
+    async with app.open_proxy(settings) as proxy:
+        resent = await review.resend(proxy.guard, operation.id, reason=args.reason, actor=args.by)
+    print(f"{operation.id} resent as {resent.id} (key {resent.idempotency_key}): {resent.state.value}")
+    if resent.state is not State.ACCEPTED:
+        print(f"next: {next_step(resent)}")
+        return 3
+    return 0
+
+
+async def _confirm_resend(operation: Operation) -> bool:
+    """Ask on the terminal; refuse (nothing sent) without one: scripts pass --yes."""
+    if not sys.stdin.isatty():
+        raise RefusedByPolicy(
+            "review resend asks for confirmation: run it in a terminal, or pass --yes; nothing was resent"
+        )
+    print(
+        f"{operation.id} ({operation.tool} to {', '.join(operation.recipients)}, key {operation.idempotency_key}) "
+        f"is in review: {operation.review_reason or 'its outcome stayed unclear'}.\n"
+        f"A resend sends it again as a NEW message under the key {keys.resend_key(operation.idempotency_key)}. "
+        "If the first attempt reached the recipient, they get it twice.\nType yes to resend: ",
+        end="",
+        file=sys.stderr,
+        flush=True,
+    )
+    answer: str = await anyio.to_thread.run_sync(sys.stdin.readline)
+    return answer.strip().lower() == "yes"
+
+
+async def _backup(args: argparse.Namespace, settings: Settings) -> int:
+    async with app.open_ledger_from(settings) as ledger:
+        count = await ledger.backup(args.path)
+    print(f"backed up {count} operation(s) to {args.path}")
+    return 0
+
+
+async def _prune(args: argparse.Namespace, settings: Settings) -> int:
+    seconds = policy.prune_age_seconds(args.older_than, key_retention_hours=settings.upstream.key_retention_hours)
+    async with app.open_ledger_from(settings) as ledger:
+        report = await ledger.prune(older_than_seconds=seconds)
+    print(
+        f"pruned {report.operations} resolved operation(s) untouched for {args.older_than:g} day(s), with "
+        f"{report.events} event(s); unresolved operations are kept"
+    )
     return 0
 
 
 def _print_operations(operations: Sequence[Operation], *, title: str) -> None:
-    table = Table("operation", "key", "state", "tool", "to", "provider id", "updated", title=title)
+    table = Table("operation", "key", "state", "delivery", "tool", "to", "provider id", "updated", title=title)
     for op in operations:
         table.add_row(
             op.id,
             op.idempotency_key,
             op.state.value,
+            op.delivery_state.value if op.delivery_state else "-",
             op.tool,
             ", ".join(op.recipients),
             op.provider_id or "-",

@@ -1,0 +1,327 @@
+"""`hail-guard drill`: every scenario holds, the report reads and parses, and no scenario can pass by accident.
+
+The sabotage tests switch off, one at a time, the protection a scenario checks (a minimal, named
+change to our own code, made with monkeypatch) and show that THAT scenario's verdict becomes
+`fails` on one of its checks: a mutation test of the drill, the one place tests patch our code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hail_guard import drill, policy
+from hail_guard.batch import Batches
+from hail_guard.config import Settings
+from hail_guard.drill import DrillOptions, DrillReport, Scenario, run_drill
+from hail_guard.errors import ConfigError
+from hail_guard.guard import Guard, SendReport
+from hail_guard.ledger import sqlite
+from hail_guard.ledger.sqlite import SqliteLedger
+from hail_guard.logs import configure_logging
+from hail_guard.models import Answer, AnswerKind, Intent, Operation, Outcome, State, Suppression
+from hail_guard.policy import ReconcilePlan
+from tests.postgres import PostgresServer
+
+SMALL = 12
+"""Leads in the batch scenarios of most tests: enough for ~40%, a few workers and an opt-out."""
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """The command quiets logging for the drill; later tests expect the suite's own level."""
+    yield
+    configure_logging("debug")
+
+
+def verdicts(report: DrillReport) -> dict[int, str | None]:
+    return {result.number: result.failed_check for result in report.scenarios}
+
+
+def command(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    drill.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+async def test_the_command_with_the_default_leads_prints_a_table_and_exits_0(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = await drill.run_from_args(command("--seed", "42"), Settings())
+    out = capsys.readouterr().out
+    assert code == drill.EXIT_OK
+    assert "All 12 scenarios hold: nobody got a message twice and nothing was lost" in out
+    assert "seed 42, 100 leads, 2 workers" in out
+    assert "workers claim" in out
+    assert "FAILS" not in out
+
+
+async def test_every_scenario_holds_on_a_small_batch_and_the_json_parses(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ("--json", "--leads", str(SMALL), "--workers", "3", "--seed", "5")
+    code = await drill.run_from_args(command(*argv), Settings())
+    report = json.loads(capsys.readouterr().out)
+    assert code == drill.EXIT_OK
+    assert report["passed"] is True
+    assert (report["seed"], report["leads"], report["workers"], report["ledger"]) == (5, SMALL, 3, None)
+    assert [(s["number"], s["verdict"], s["failed_check"]) for s in report["scenarios"]] == [
+        (number, "holds", None) for number in range(1, 13)
+    ]
+    assert all(s["sent"] == s["expected"] for s in report["scenarios"])
+    assert [s["expected"] for s in report["scenarios"] if s["number"] in (3, 5, 6)] == [SMALL, SMALL, SMALL - 1]
+    assert set(report["scenarios"][0]) == {
+        "number",
+        "name",
+        "faults",
+        "expected",
+        "sent",
+        "verdict",
+        "failed_check",
+        "seconds",
+    }
+    assert report["replay"] == f"hail-guard drill --seed 5 --leads {SMALL} --workers 3"
+
+
+async def test_without_a_seed_one_is_chosen_and_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    code = await drill.run_from_args(command("--json", "--scenario", "4"), Settings())
+    report = json.loads(capsys.readouterr().out)
+    assert code == drill.EXIT_OK
+    assert isinstance(report["seed"], int)
+    assert f"--seed {report['seed']}" in report["replay"]
+    assert [s["number"] for s in report["scenarios"]] == [4]
+
+
+async def test_a_failing_scenario_exits_1_and_says_how_to_replay_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    no_duplicate_window(monkeypatch)
+    code = await drill.run_from_args(command("--json", "--seed", "9", "--scenario", "11"), Settings())
+    report = json.loads(capsys.readouterr().out)
+    assert code == drill.EXIT_FAILED
+    assert report["passed"] is False
+    [scenario] = report["scenarios"]
+    assert scenario["verdict"] == "fails"
+    assert "probable duplicate" in scenario["failed_check"]
+    assert report["replay"] == "hail-guard drill --seed 9 --leads 100 --workers 2 --scenario 11"
+    assert "1 of 1 scenarios FAIL (11" in report["summary"]
+
+
+async def test_the_table_names_the_failed_check(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    no_duplicate_window(monkeypatch)
+    code = await drill.run_from_args(command("--scenario", "11", "--seed", "3"), Settings())
+    out = capsys.readouterr().out
+    assert code == drill.EXIT_FAILED
+    assert "FAILS" in out
+    assert "Replay: hail-guard drill --seed 3" in " ".join(out.split())
+
+
+async def test_a_configured_duplicate_window_of_0_is_rehearsed_and_fails_scenario_11(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings = Settings.model_validate({"guard": {"duplicate_window_hours": 0}})
+    code = await drill.run_from_args(command("--json", "--scenario", "11", "--seed", "1"), settings)
+    assert code == drill.EXIT_FAILED
+    assert json.loads(capsys.readouterr().out)["scenarios"][0]["sent"] == 2
+
+
+async def test_the_same_seed_makes_the_same_choices() -> None:
+    options = DrillOptions(seed=77, leads=20, scenarios=(3, 6))
+    first, second = await run_drill(options), await run_drill(options)
+    assert [r.faults for r in first.scenarios] == [r.faults for r in second.scenarios]
+    other = await run_drill(DrillOptions(seed=78, leads=20, scenarios=(3, 6)))
+    assert [r.faults for r in other.scenarios] != [r.faults for r in first.scenarios]
+
+
+async def test_a_scenario_that_raises_fails_with_its_error_and_the_drill_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def explode(*_: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(drill, "SCENARIOS", (Scenario(1, "explodes", explode), drill.SCENARIOS[3]))
+    report = await run_drill(DrillOptions(seed=1, leads=SMALL))
+    assert verdicts(report) == {1: "error: RuntimeError: boom", 4: None}
+    assert not report.passed
+
+
+async def test_repeated_runs_share_one_ledger_without_colliding(tmp_path: Path) -> None:
+    colliding = (1, 3, 4, 5, 6, 7, 8, 11, 12)  # what would meet an earlier run's keys, content or opt-outs
+    options = DrillOptions(seed=2, leads=SMALL, ledger_url=f"sqlite:///{tmp_path / 'shared.db'}", scenarios=colliding)
+    assert (await run_drill(options)).passed
+    again = await run_drill(options)  # the same seed again: keys, recipients and content are new
+    assert verdicts(again) == dict.fromkeys(colliding)
+
+
+async def test_the_drill_runs_on_postgresql(postgres_server: PostgresServer) -> None:
+    async with postgres_server.database() as url:
+        report = await run_drill(DrillOptions(seed=4, leads=SMALL, ledger_url=url))
+    assert report.passed, report.summary()
+
+
+async def test_a_batch_that_dies_resumes_at_once_on_postgresql(postgres_server: PostgresServer) -> None:
+    async with postgres_server.database() as url:
+        for seed in range(4):  # the cancellation lands in the window about every other time
+            [result] = (await run_drill(DrillOptions(seed=seed, leads=30, ledger_url=url, scenarios=(3,)))).scenarios
+            assert result.failed_check is None
+
+
+async def test_a_ledger_that_cannot_be_opened_is_an_error_not_a_verdict() -> None:
+    with pytest.raises(ConfigError, match="unsupported ledger URL"):
+        await run_drill(DrillOptions(seed=1, ledger_url="mysql://nowhere/ledger"))
+
+
+def test_a_printed_ledger_url_hides_its_password() -> None:
+    report = DrillReport(DrillOptions(seed=1, ledger_url="postgresql://app:s3cret@db:5432/hg"), [], 0.0)
+    assert "s3cret" not in json.dumps(report.to_json())
+    assert "postgresql://app:***@db:5432/hg" in report.replay_command()
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--leads", "0"), ("--workers", "x"), ("--scenario", "13")])
+def test_bad_numbers_are_usage_errors(flag: str, value: str) -> None:
+    with pytest.raises(SystemExit):
+        command(flag, value)
+
+
+# Sabotage: each switches off one protection, minimally, and names it.
+
+
+def _replace_sql(monkeypatch: pytest.MonkeyPatch, name: str, old: str, new: str) -> None:
+    text = getattr(sqlite, name)
+    assert old in text, f"the sabotage of {name} no longer applies"
+    monkeypatch.setattr(sqlite, name, text.replace(old, new))
+
+
+def retry_forwarded_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """1: begin_send claims an existing key whatever its state, so a retry is forwarded again."""
+    _replace_sql(monkeypatch, "_CLAIM_READY_BY_KEY", "AND state = 'ready' ", "")
+
+
+def timeout_taken_as_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """2: classification records a lost answer (timeout, drop) as accepted."""
+    monkeypatch.setitem(policy._FIRST_ATTEMPT, AnswerKind.LOST, State.ACCEPTED)
+
+
+def resume_skips_unknowns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """3: a batch run does not settle the batch's unknown sends first."""
+    reconcile = Guard.reconcile
+
+    async def reconcile_except_batches(
+        self: Guard, operation_id: str | None = None, *, batch_id: str | None = None
+    ) -> list[Operation]:
+        return [] if batch_id is not None else await reconcile(self, operation_id, batch_id=batch_id)
+
+    monkeypatch.setattr(Guard, "reconcile", reconcile_except_batches)
+    assert Batches.run  # the caller whose first step this removes
+
+
+def changed_request_not_compared(monkeypatch: pytest.MonkeyPatch) -> None:
+    """4: an existing key is answered from the ledger without comparing the request."""
+
+    def answer_anyway(self: Guard, existing: Operation, intent: Intent, request: dict[str, Any]) -> SendReport:
+        return SendReport(existing, replayed=True)
+
+    monkeypatch.setattr(Guard, "_answer_from_ledger", answer_anyway)
+
+
+def claims_held_operations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """5: claim_ready also takes operations another worker holds (`sending`)."""
+    _replace_sql(monkeypatch, "_CLAIM_READY", "WHERE state = 'ready' AND", "WHERE state IN ('ready', 'sending') AND")
+    unindexed = re.sub(r" INDEXED BY \w+", "", sqlite._CLAIM_READY)  # an index of ready rows cannot serve it
+    monkeypatch.setattr(sqlite, "_CLAIM_READY", unindexed)
+
+
+def opt_out_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """6: an opt-out is acknowledged but not recorded."""
+
+    async def forget(self: SqliteLedger, suppression: Suppression, *, actor: str) -> list[str]:
+        return []
+
+    monkeypatch.setattr(SqliteLedger, "add_suppression", forget)
+
+
+def repeated_answer_not_recognised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """7: reconcile does not see that Hail repeated its saved answer."""
+    outcome_of_replay = policy.outcome_of_replay
+
+    def forgetful(answer: Answer, *, previous_error: str | None, attempts: int, max_attempts: int) -> Outcome:
+        return outcome_of_replay(answer, previous_error=None, attempts=attempts, max_attempts=max_attempts)
+
+    monkeypatch.setattr(policy, "outcome_of_replay", forgetful)
+
+
+def reconcile_mints_a_new_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """8: reconcile replays the stored request under a new key."""
+    replay = Guard._replay
+
+    async def replay_under_a_new_key(self: Guard, operation: Operation) -> Answer:
+        request = {**operation.arguments(), "idempotency_key": f"{operation.idempotency_key}:again"}
+        return await replay(self, operation.model_copy(update={"request": json.dumps(request)}))
+
+    monkeypatch.setattr(Guard, "_replay", replay_under_a_new_key)
+
+
+def expired_lease_made_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """9: a `sending` operation whose lease ran out goes back to `ready`, not `unknown`."""
+    _replace_sql(monkeypatch, "_EXPIRE_LEASES", "SET state = 'unknown'", "SET state = 'ready'")
+
+
+def key_retention_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """10: reconcile replays whatever the age of the first attempt."""
+    plan_reconcile = policy.plan_reconcile
+
+    def ageless(operation: Operation, *, now: Any, key_retention_hours: float, recipient_suppressed: bool) -> Any:
+        plan: ReconcilePlan = plan_reconcile(
+            operation, now=now, key_retention_hours=1e9, recipient_suppressed=recipient_suppressed
+        )
+        return plan
+
+    monkeypatch.setattr(policy, "plan_reconcile", ageless)
+
+
+def no_duplicate_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """11: no duplicate window: a new key for the same content goes through."""
+    monkeypatch.setattr(Guard, "duplicate_window_seconds", lambda self: None)
+
+
+def gateway_error_taken_as_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """12: classification records a gateway 5xx as a definitive failure."""
+    monkeypatch.setitem(policy._FIRST_ATTEMPT, AnswerKind.GATEWAY_ERROR, State.FAILED)
+
+
+SABOTAGE: dict[int, Callable[[pytest.MonkeyPatch], None]] = {
+    1: retry_forwarded_again,
+    2: timeout_taken_as_accepted,
+    3: resume_skips_unknowns,
+    4: changed_request_not_compared,
+    5: claims_held_operations,
+    6: opt_out_forgotten,
+    7: repeated_answer_not_recognised,
+    8: reconcile_mints_a_new_key,
+    9: expired_lease_made_ready,
+    10: key_retention_ignored,
+    11: no_duplicate_window,
+    12: gateway_error_taken_as_failed,
+}
+
+
+def test_every_scenario_has_a_sabotage() -> None:
+    assert sorted(SABOTAGE) == [scenario.number for scenario in drill.SCENARIOS]
+
+
+@pytest.mark.parametrize("number", sorted(SABOTAGE), ids=[f.__name__ for _, f in sorted(SABOTAGE.items())])
+async def test_a_scenario_fails_when_its_protection_is_switched_off(
+    number: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    SABOTAGE[number](monkeypatch)
+    [result] = (await run_drill(DrillOptions(seed=number, leads=SMALL, scenarios=(number,)))).scenarios
+    assert result.verdict == "fails"
+    assert result.failed_check is not None
+    assert not result.failed_check.startswith("error:"), result.failed_check  # a check failed, not the drill
+    assert "did not finish" not in result.failed_check
