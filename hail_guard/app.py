@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 import structlog
 from mcp.server.stdio import stdio_server
 
@@ -17,6 +18,7 @@ from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.metrics import Metrics
 from hail_guard.server import Proxy, build_server
+from hail_guard.tracker import Tracker, TrackerSettings
 from hail_guard.upstream import UpstreamTarget, connect_upstream
 
 log = structlog.get_logger(__name__)
@@ -77,13 +79,45 @@ async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> A
             settings.guard.require_approval,
             observer=metrics,
             pin_tools=settings.upstream.pin_tools,
+            expose_review=settings.review.expose_to_agent,
         )
         await proxy.refresh_tools()
         log.info("proxy_ready", tools=len(proxy.tools), guarded=sorted(proxy.guarded))
         yield proxy
 
 
+def tracker_settings(settings: Settings) -> TrackerSettings:
+    return TrackerSettings(
+        interval_seconds=settings.delivery.poll_interval_seconds,
+        backoff_factor=settings.delivery.backoff_factor,
+        max_backoff_seconds=settings.delivery.max_backoff_seconds,
+        max_age_hours=settings.delivery.max_age_hours,
+        timeout_seconds=settings.upstream.timeout_seconds,
+    )
+
+
+@asynccontextmanager
+async def tracking(settings: Settings, proxy: Proxy) -> AsyncIterator[Tracker | None]:
+    """Poll delivery in the background while the block runs (`serve`, `worker`); None with `[delivery] poll = false`."""
+    if not settings.delivery.poll:
+        yield None
+        return
+    tracker = Tracker(proxy.guard.ledger, proxy.guard.upstream, tracker_settings(settings))
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(tracker.run)
+            try:
+                yield tracker
+            finally:
+                tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The tracker never raises, so a group holds what the block raised: let it out as raised.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+
+
 async def serve_stdio(settings: Settings) -> None:
-    async with open_proxy(settings) as proxy, stdio_server() as (read, write):
+    async with open_proxy(settings) as proxy, tracking(settings, proxy), stdio_server() as (read, write):
         server = build_server(proxy)
         await server.run(read, write, server.create_initialization_options())

@@ -6,6 +6,7 @@ Environment overrides are `HAIL_GUARD_<SECTION>_<KEY>` (e.g. `HAIL_GUARD_LEDGER_
 `HAIL_GUARD_UPSTREAM_URL`, `HAIL_GUARD_UPSTREAM_TIMEOUT_SECONDS`). The upstream token is never stored
 here: `token_env` names the variable that holds it. The HTTP server's own token comes from the variable
 `[http] token_env` names (default `HAIL_GUARD_TOKEN`), else from `[http] token`; the variable wins.
+Hail's webhook signing secret likewise lives only in the variable `[webhooks] secret_env` names.
 """
 
 from __future__ import annotations
@@ -124,6 +125,37 @@ class WorkerSettings(_Section):
     """On SIGTERM, how long in-flight sends may take before they are cut off (and recorded unknown)."""
 
 
+class DeliverySettings(_Section):
+    """Delivery tracking by polling Hail (`hail_guard.tracker`), beside `serve` and `worker`."""
+
+    poll: bool = True
+    poll_interval_seconds: float = Field(default=30.0, gt=0)
+    """How often the tracker looks for messages to check, and the wait after a message's first check."""
+    backoff_factor: float = Field(default=2.0, ge=1)
+    """Each later check of the same message waits this many times longer..."""
+    max_backoff_seconds: float = Field(default=3600.0, gt=0)
+    """...up to this."""
+    max_age_hours: float = Field(default=72.0, gt=0)
+    """Messages first sent longer ago than this are no longer polled."""
+
+
+class WebhookSettings(_Section):
+    """`POST /webhooks/hail` on the HTTP transport (see `hail_guard.webhooks`)."""
+
+    secret_env: str = "HAIL_WEBHOOK_SECRET"  # noqa: S105  (the name of a variable, not a secret)
+    """The variable holding Hail's webhook signing secret; without it the route answers 503."""
+    tolerance_seconds: float = Field(default=300.0, gt=0)
+    """A signature whose timestamp is further than this from now is stale (401)."""
+
+    def secret(self) -> str | None:
+        return os.environ.get(self.secret_env) or None
+
+
+class ReviewSettings(_Section):
+    expose_to_agent: bool = False
+    """Offer the review queue to the agent as tools (`review_list`, `review_resolve`, `review_resend`)."""
+
+
 class LogSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -134,6 +166,9 @@ class Settings(_Section):
     guard: GuardSection = Field(default_factory=GuardSection)
     http: HttpSettings = Field(default_factory=HttpSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
+    review: ReviewSettings = Field(default_factory=ReviewSettings)
     log: LogSettings = Field(default_factory=LogSettings)
 
 

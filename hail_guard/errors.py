@@ -13,6 +13,7 @@
     │   ├── KeyConflict            an existing key with a different request
     │   ├── Suppressed             the recipient opted out
     │   └── ProbableDuplicate      a new key for content that was already sent
+    ├── WebhookRefused         a webhook that is forged, stale or replayed (401), or unreadable (400)
     └── NotFound               no such operation
 
 Every boundary (ledger backends, the upstream client) maps foreign exceptions into this tree in
@@ -80,6 +81,14 @@ class ProbableDuplicate(RefusedByPolicy):
     def __init__(self, message: str, *, operation_id: str) -> None:
         super().__init__(message)
         self.operation_id = operation_id
+
+
+class WebhookRefused(HailGuardError):
+    """A webhook request that is not taken; nothing was recorded. `status` is the HTTP answer."""
+
+    def __init__(self, message: str, *, status: int = 401) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class NotFound(HailGuardError):

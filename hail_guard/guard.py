@@ -19,7 +19,7 @@ import anyio
 import structlog
 from mcp import types
 
-from hail_guard import keys, policy
+from hail_guard import delivery, keys, policy
 from hail_guard.errors import (
     KeyConflict,
     LeaseLost,
@@ -34,11 +34,7 @@ from hail_guard.models import Answer, AnswerKind, Intent, Operation, Outcome, St
 log = structlog.get_logger(__name__)
 
 _RECORD_ATTEMPTS = 5
-_LOOKUP_TOOLS = {
-    "email": ("get_email", "email_id"),
-    "sms": ("get_sms", "sms_id"),
-    "call": ("get_call", "call_id"),
-}
+_LOOKUP_TOOLS = delivery.LOOKUP_TOOLS
 PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}"
 ALLOW_DUPLICATE = "allow_duplicate"
 """An argument hail-guard adds to guarded tools: a deliberate repeat; removed before forwarding."""
@@ -260,7 +256,7 @@ class Guard:
             )
         except UpstreamError as exc:
             return Outcome(state=State.UNKNOWN, reason="lookup failed", error=str(exc), check_after_seconds=5.0)
-        payload = _payload(result)
+        payload = payload_of(result)
         if payload is not None and payload.get("id") == operation.provider_id:
             return Outcome(state=State.ACCEPTED, reason=f"{tool} found the message", result=payload)
         reason = f"{tool} did not find {operation.provider_id}: {_text_of(result)[:200]}"
@@ -269,11 +265,12 @@ class Guard:
 
 def _answer_of(tool: str, result: types.CallToolResult, request: Mapping[str, Any]) -> Answer:
     return policy.classify(
-        tool, is_error=bool(result.is_error), payload=_payload(result), text=_text_of(result), request=request
+        tool, is_error=bool(result.is_error), payload=payload_of(result), text=_text_of(result), request=request
     )
 
 
-def _payload(result: types.CallToolResult) -> dict[str, Any] | None:
+def payload_of(result: types.CallToolResult) -> dict[str, Any] | None:
+    """The JSON object a tool answered (structured content, else its text), or None."""
     if isinstance(result.structured_content, dict):
         return result.structured_content
     try:

@@ -9,6 +9,9 @@ Key derivation (DESIGN.md, keys), in order:
 3. `campaign_id:lead_id:channel:message_id` when `metadata` carries all three;
 4. a content key `hg:<channel>:<hash>` over the canonical request, so a plain repeat is the same
    operation.
+
+The one other key ever minted is an operator's deliberate resend (`resend_key`): a new action,
+`<original key>:resend:<n>`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ METADATA_KEY_FIELDS = ("campaign_id", "lead_id", "message_id")
 """Fields that do not change what a recipient receives: left out of the content fingerprint."""
 _NOT_CONTENT = frozenset({KEY_FIELD, "metadata", "allow_duplicate"})
 _CHANNELS = {"send_email": "email", "send_sms": "sms", "place_call": "call"}
+_RESEND_SUFFIX = re.compile(r"^(?P<original>.+):resend:(?P<n>[0-9]+)$")
 _PLACEHOLDER = re.compile(r"^(channel|tool|metadata\.[A-Za-z0-9_]+|[A-Za-z_][A-Za-z0-9_]*)$")
 
 
@@ -81,6 +85,17 @@ def validate_key(key: object) -> str:
     if not key.isprintable() or any(ch.isspace() for ch in key):
         raise RefusedByPolicy(f"{KEY_FIELD} must be printable with no whitespace: {key!r}")
     return key
+
+
+def resend_key(key: str) -> str:
+    """The key of an operator's resend of the operation under `key`: `<original key>:resend:<n>`.
+
+    `n` counts the resends of the original, so resending a resend gives `...:resend:2`, not a
+    growing chain of suffixes.
+    """
+    match = _RESEND_SUFFIX.match(key)
+    original, count = (match["original"], int(match["n"])) if match else (key, 0)
+    return validate_key(f"{original}:resend:{count + 1}")
 
 
 def template_fields(template: str) -> list[str]:

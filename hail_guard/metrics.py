@@ -12,6 +12,9 @@ several tests, live in one process. The series:
     hail_guard_unknown_operations                operations whose outcome is unknown (`reconcile` settles them)
     hail_guard_review_operations                 operations waiting for a human (`needs_review`)
     hail_guard_http_refusals_total{status}       requests refused at the HTTP edge (401, 403, 413, 429)
+    hail_guard_webhooks_total{outcome}           Hail webhooks received: applied, opted_out, unknown_operation,
+                                                 ignored, duplicate, replayed, refused, too_large,
+                                                 not_configured, unrecorded
 
 `Metrics` is the proxy's `CallObserver`; `Metrics.timed` wraps a ledger or an upstream so that
 every coroutine method is timed, and is otherwise transparent.
@@ -66,6 +69,12 @@ class Metrics:
         self.refusals = Counter(
             "hail_guard_http_refusals", "Requests refused at the HTTP edge, by status.", ["status"], registry=registry
         )
+        self.webhooks = Counter(
+            "hail_guard_webhooks", "Hail webhooks received, by outcome.", ["outcome"], registry=registry
+        )
+
+    def webhook(self, outcome: str) -> None:
+        self.webhooks.labels(outcome=outcome).inc()
 
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:
         self.tool_calls.labels(tool=tool, outcome=outcome).inc()

@@ -2,7 +2,9 @@
 
 An operation is one logical send with one idempotency key for its whole life. Its state moves
 along the machine in DESIGN.md; every move is an `Event`. `Answer` is what Hail said, sorted into
-an `AnswerKind`; `Outcome` is what the ledger records because of it.
+an `AnswerKind`; `Outcome` is what the ledger records because of it. Delivery (what happened after
+Hail accepted it) is tracked apart: `DeliveryState`, `DeliveryObservation`, `DeliveryEvent`, and
+the signed `Webhook`s that report it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,22 @@ class State(StrEnum):
 
 TERMINAL_STATES = frozenset({State.ACCEPTED, State.FAILED, State.CANCELLED})
 UNRESOLVED_STATES = frozenset({State.SENDING, State.UNKNOWN, State.NEEDS_REVIEW})
+
+
+class DeliveryState(StrEnum):
+    """What happened to a message after Hail accepted it (see `hail_guard.delivery` for their order)."""
+
+    DELIVERY_DELAYED = "delivery_delayed"
+    DELIVERED = "delivered"
+    OPENED = "opened"
+    COMPLAINED = "complained"
+    BOUNCED = "bounced"
+    UNDELIVERED = "undelivered"
+    FAILED = "failed"
+    COMPLETED = "completed"
+    BUSY = "busy"
+    NO_ANSWER = "no_answer"
+    CANCELED = "canceled"
 
 
 class Intent(BaseModel):
@@ -80,11 +98,63 @@ class Operation(BaseModel):
     created_at: datetime
     updated_at: datetime
     first_sent_at: datetime | None = None
+    delivery_state: DeliveryState | None = None
+    """What Hail reported after acceptance (None: nothing yet); the `state` never changes because of it."""
+    delivery_at: datetime | None = None
+    """When the current delivery state happened (as its source said, else when it was recorded)."""
+    delivery_checks: int = 0
+    delivery_next_check_at: datetime | None = None
+    resend_of: str | None = None
+    """The operation an operator resent as this one (`hail-guard review resend`)."""
+    resent_as: str | None = None
+    """The operation that superseded this one when an operator resent it."""
 
     def arguments(self) -> dict[str, Any]:
         """The stored request, as the arguments that were (or will be) forwarded."""
         value: dict[str, Any] = json.loads(self.request)
         return value
+
+
+class DeliveryObservation(BaseModel):
+    """One delivery fact from a source: a polled record or a webhook."""
+
+    model_config = ConfigDict(frozen=True)
+
+    state: DeliveryState
+    occurred_at: datetime | None = None
+    """As the source says; None when it gives no time."""
+    source: str
+    """`poll` or `webhook`."""
+    detail: str | None = None
+    """E.g. the webhook delivery id, or the tool that was polled."""
+
+
+class DeliveryEvent(BaseModel):
+    """A delivery state an operation reached, first seen at `recorded_at` (one per state)."""
+
+    operation_id: str
+    state: DeliveryState
+    occurred_at: datetime | None
+    recorded_at: datetime
+    source: str
+    detail: str | None = None
+
+
+class WebhookOutcome(StrEnum):
+    """What a signed webhook did (each delivery id counts once)."""
+
+    APPLIED = "applied"
+    """A delivery event of a known operation was recorded."""
+    OPTED_OUT = "opted_out"
+    """An inbound opt-out word: the sender was suppressed."""
+    UNKNOWN_OPERATION = "unknown_operation"
+    """No operation has this provider id: recorded for audit, otherwise ignored."""
+    IGNORED = "ignored"
+    """An event type that carries no delivery state (recorded for audit)."""
+    DUPLICATE = "duplicate"
+    """This `X-Hail-Delivery` was processed before: nothing changed."""
+    REPLAYED = "replayed"
+    """This exact signature was accepted before: a replayed request, refused; nothing changed."""
 
 
 class Event(BaseModel):
@@ -159,6 +229,27 @@ class Suppression(BaseModel):
     reason: str
     source: str
     created_at: datetime | None = None
+
+
+class Webhook(BaseModel):
+    """A verified webhook, ready for the ledger."""
+
+    model_config = ConfigDict(frozen=True)
+
+    delivery_id: str
+    signature: str
+    event_type: str
+    provider_id: str | None
+    payload: str
+    """The body as received."""
+    observation: DeliveryObservation | None = None
+    opt_out: Suppression | None = None
+
+
+class PruneReport(BaseModel):
+    operations: int
+    events: int
+    webhook_deliveries: int
 
 
 class BatchStatus(BaseModel):

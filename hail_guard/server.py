@@ -2,7 +2,8 @@
 
 Upstream tools pass through verbatim (names, descriptions, schemas, annotations, results). Tools
 that take an idempotency key go through `Guard.send`; hail-guard adds its own tools (`reconcile`,
-`get_operation`, `list_operations`). This is the only module that turns our errors into MCP results.
+`get_operation`, `list_operations`, batches, opt-outs; the review queue only when the config exposes
+it). This is the only module that turns our errors into MCP results.
 """
 
 from __future__ import annotations
@@ -17,11 +18,19 @@ import structlog
 from mcp import types
 from mcp.server import Server, ServerRequestContext
 
-from hail_guard import __version__, keys, policy
+from hail_guard import __version__, keys, policy, review
 from hail_guard.batch import Batches, Progress, sends_from_tool
 from hail_guard.errors import HailGuardError, KeyConflict, NotFound, RefusedByPolicy, UpstreamError
 from hail_guard.guard import ALLOW_DUPLICATE, Guard, SendReport
-from hail_guard.models import SUPPRESSION_CHANNELS, BatchStatus, Operation, State, Suppression, normalise_recipient
+from hail_guard.models import (
+    SUPPRESSION_CHANNELS,
+    BatchStatus,
+    DeliveryEvent,
+    Operation,
+    State,
+    Suppression,
+    normalise_recipient,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +55,10 @@ OWN_TOOLS: tuple[types.Tool, ...] = (
     ),
     types.Tool(
         name="get_operation",
-        description="Show one guarded send (state, Hail's id, attempts, history) by operation_id or idempotency_key.",
+        description=(
+            "Show one guarded send (state, Hail's id, attempts, history, and delivery: what happened after Hail "
+            "accepted it, with times) by operation_id or idempotency_key."
+        ),
         input_schema={
             "type": "object",
             "properties": {
@@ -155,6 +167,57 @@ OWN_TOOLS += (
     ),
 )
 _OWN = {tool.name: tool for tool in OWN_TOOLS}
+_OPERATION_ID = {"type": "string", "minLength": 1}
+_REASON = {"type": "string", "minLength": 1, "maxLength": 500}
+REVIEW_TOOLS: tuple[types.Tool, ...] = (
+    types.Tool(
+        name="review_list",
+        description="List the sends waiting for a human decision (needs_review), with the reason each one waits.",
+        input_schema={
+            "type": "object",
+            "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}},
+            "additionalProperties": False,
+        },
+        output_schema=_ANY_OBJECT,
+        annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
+    ),
+    types.Tool(
+        name="review_resolve",
+        description=(
+            "Record what became of a send in review, as established outside hail-guard (e.g. in Hail's "
+            "console): accepted (give provider_id when known), failed, or cancelled. Sends nothing."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "operation_id": _OPERATION_ID,
+                "state": {"type": "string", "enum": [state.value for state in policy.REVIEW_RESOLUTIONS]},
+                "reason": _REASON,
+                "provider_id": {"type": "string", "minLength": 1},
+            },
+            "required": ["operation_id", "state", "reason"],
+            "additionalProperties": False,
+        },
+        output_schema=_ANY_OBJECT,
+        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False),
+    ),
+    types.Tool(
+        name="review_resend",
+        description=(
+            "Send a message in review AGAIN as a new operation under a new key (<key>:resend:<n>), and close "
+            "the old one as superseded. The earlier attempt may have reached the recipient: only when sure."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {"operation_id": _OPERATION_ID, "reason": _REASON},
+            "required": ["operation_id", "reason"],
+            "additionalProperties": False,
+        },
+        output_schema=_ANY_OBJECT,
+        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False),
+    ),
+)
+_REVIEW = {tool.name: tool for tool in REVIEW_TOOLS}
 _ALLOW_DUPLICATE_SCHEMA = {
     "type": "boolean",
     "description": "hail-guard: set true to send content again on purpose under a new key (default false).",
@@ -191,6 +254,8 @@ class Proxy:
     observer: CallObserver | None = None
     pin_tools: bool = False
     """Refuse a guarded tool whose name, description or schemas changed since it was accepted."""
+    expose_review: bool = False
+    """Offer the review queue to the agent (`[review] expose_to_agent`)."""
     tools: dict[str, types.Tool] = field(default_factory=dict)
     """The upstream's tools, verbatim."""
     guarded: set[str] = field(default_factory=set)
@@ -208,7 +273,11 @@ class Proxy:
 
     def listed_tools(self) -> list[types.Tool]:
         """What the agent sees: upstream tools verbatim (guarded ones also take allow_duplicate), then ours."""
-        return [self._as_listed(tool) for tool in self.tools.values()] + list(OWN_TOOLS)
+        return [self._as_listed(tool) for tool in self.tools.values()] + list(self.own_tools().values())
+
+    def own_tools(self) -> dict[str, types.Tool]:
+        """hail-guard's own tools, the review queue included when it is exposed."""
+        return {**_OWN, **_REVIEW} if self.expose_review else _OWN
 
     def _as_listed(self, tool: types.Tool) -> types.Tool:
         properties = tool.input_schema.get("properties")
@@ -223,10 +292,11 @@ class Proxy:
         except UpstreamError as exc:
             log.warning("upstream_tools_unavailable", error=str(exc))
             return
-        shadowed = [tool.name for tool in listed if tool.name in _OWN]
+        own = self.own_tools()
+        shadowed = [tool.name for tool in listed if tool.name in own]
         if shadowed:
             log.warning("upstream_tools_shadowed", tools=shadowed)
-        self.tools = {tool.name: tool for tool in listed if tool.name not in _OWN}
+        self.tools = {tool.name: tool for tool in listed if tool.name not in own}
         schemas = {name: tool.input_schema for name, tool in self.tools.items()}
         self.guarded = policy.guarded_tool_names(schemas, self.guarded_tools) & set(self.tools)
         await self._observe(self.tools)
@@ -243,7 +313,7 @@ class Proxy:
             log.warning("upstream_tools_changed", tools=sorted(self.changed), refused=self.pin_tools)
 
     def input_schema(self, name: str) -> dict[str, Any] | None:
-        tool = _OWN.get(name) or self.tools.get(name)
+        tool = self.own_tools().get(name) or self.tools.get(name)
         return dict(self._as_listed(tool).input_schema) if tool is not None else None
 
     async def call(
@@ -258,12 +328,12 @@ class Proxy:
             return result
         finally:
             if self.observer is not None:
-                known = name in _OWN or name in self.tools
+                known = name in self.own_tools() or name in self.tools
                 self.observer.tool_called(name if known else "unknown", outcome, time.monotonic() - started)
 
     async def _call(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
         try:
-            if name in _OWN:
+            if name in self.own_tools():
                 return await self._own(name, arguments, progress)
             if not self.tools:
                 await self.refresh_tools()
@@ -301,10 +371,12 @@ class Proxy:
             )
 
     async def _own(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
-        policy.validate_arguments(name, arguments, _OWN[name].input_schema)
+        policy.validate_arguments(name, arguments, self.own_tools()[name].input_schema)
         await self.guard.ledger.expire_leases()  # what the agent sees is what is true now
         if name in _BATCH_TOOLS:
             return await self._batch_tool(name, arguments, progress)
+        if name in _REVIEW:
+            return await self._review_tool(name, arguments)
         if name == "reconcile":
             settled = await self.guard.reconcile(arguments.get("operation_id"))
             return _data({"reconciled": [operation_view(op) for op in settled], "count": len(settled)})
@@ -312,7 +384,10 @@ class Proxy:
             operation = await self._find(arguments)
             events = await self.guard.ledger.events(operation.id)
             history = [event.model_dump(mode="json", exclude={"operation_id"}) for event in events]
-            return _data({**operation_view(operation), "history": history})
+            deliveries = await self.guard.ledger.delivery_events(operation.id)
+            return _data(
+                {**operation_view(operation), "history": history, "delivery_events": delivery_view(deliveries)}
+            )
         state = State(arguments["state"]) if "state" in arguments else None
         operations = await self.guard.ledger.list_operations(
             state=state, campaign_id=arguments.get("campaign_id"), limit=arguments.get("limit", 50)
@@ -350,6 +425,25 @@ class Proxy:
                 "cancelled_operations": cancelled,
             }
         )
+
+    async def _review_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        """The review queue, offered to the agent only with `[review] expose_to_agent = true`."""
+        if name == "review_list":
+            waiting = await self.guard.ledger.list_operations(
+                state=State.NEEDS_REVIEW, limit=arguments.get("limit", 50)
+            )
+            return _data({"operations": [operation_view(op) for op in waiting], "count": len(waiting)})
+        if name == "review_resolve":
+            resolved = await self.guard.ledger.resolve_review(
+                arguments["operation_id"],
+                state=State(arguments["state"]),
+                reason=arguments["reason"],
+                actor="agent",
+                provider_id=arguments.get("provider_id"),
+            )
+            return _data(operation_view(resolved))
+        resent = await review.resend(self.guard, arguments["operation_id"], reason=arguments["reason"], actor="agent")
+        return _data(operation_view(resent))
 
     async def _find(self, arguments: Mapping[str, Any]) -> Operation:
         if "operation_id" in arguments:
@@ -408,7 +502,7 @@ _NEXT_STEP = {
     State.SENDING: "another caller is sending it right now; call `reconcile` with operation_id={id} in a minute",
     State.READY: "not sent yet: call again with the same arguments later (the same key is safe)",
     State.PLANNED: "planned: waiting for an operator to approve the batch",
-    State.NEEDS_REVIEW: "a human must review it (`hail-guard ops show {id}`); do not resend",
+    State.NEEDS_REVIEW: "a human must decide (`hail-guard review list`, `hail-guard ops show {id}`); do not resend",
     State.CANCELLED: "cancelled; it was not sent",
 }
 
@@ -423,6 +517,8 @@ def call_outcome(result: types.CallToolResult) -> str:
 
 
 def next_step(operation: Operation) -> str:
+    if operation.resent_as is not None:
+        return f"superseded: an operator resent it as operation {operation.resent_as}; do not send it again"
     return _NEXT_STEP[operation.state].format(id=operation.id)
 
 
@@ -438,15 +534,25 @@ def operation_view(operation: Operation, *, replayed: bool | None = None) -> dic
         "last_error": operation.last_error,
         "review_reason": operation.review_reason,
         "cancel_reason": operation.cancel_reason,
+        "delivery_state": operation.delivery_state.value if operation.delivery_state else None,
+        "delivery_at": operation.delivery_at.isoformat() if operation.delivery_at else None,
         "created_at": operation.created_at.isoformat(),
         "updated_at": operation.updated_at.isoformat(),
         "next_step": next_step(operation),
     }
     if operation.not_before is not None:
         view["not_before"] = operation.not_before.isoformat()
+    for link in ("resend_of", "resent_as"):
+        if getattr(operation, link) is not None:
+            view[link] = getattr(operation, link)
     if replayed is not None:
         view["replayed"] = replayed
     return view
+
+
+def delivery_view(events: Sequence[DeliveryEvent]) -> list[dict[str, Any]]:
+    """Delivery events as the agent and the operator see them: state, when it happened, where it was learnt."""
+    return [event.model_dump(mode="json", exclude={"operation_id"}) for event in events]
 
 
 def batch_view(status: BatchStatus) -> dict[str, Any]:

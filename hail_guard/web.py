@@ -4,7 +4,10 @@ Every session shares ONE `Proxy` (one upstream connection, one ledger). The MCP 
 `gate.Gate` (Host/Origin 403, bearer token 401, body size 413, tool-call rate 429); `GET /healthz`
 (alive), `/readyz` (ledger writable and Hail connected, else 503 naming the part) and `/metrics`
 (Prometheus) need no token. The agents' token is only compared, never logged, never forwarded:
-the upstream connection has its own credentials.
+the upstream connection has its own credentials. `POST /webhooks/hail` takes Hail's webhooks: not
+behind the agents' token, each request is signed with Hail's secret (`webhooks`); 401 for a forged,
+stale or replayed one, 413 over the body size cap, 503 when no secret is configured or the ledger
+cannot record it (Hail retries), else 200 with what it did.
 
     await tg.start(serve_http, settings)          # -> "http://127.0.0.1:8765/" once listening
 
@@ -21,7 +24,8 @@ import errno
 import math
 import signal
 import socket
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import anyio
 import anyio.abc
@@ -37,22 +41,27 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hail_guard.app import open_proxy
-from hail_guard.config import HttpSettings, Settings
-from hail_guard.errors import ConfigError, HailGuardError
+from hail_guard import webhooks
+from hail_guard.app import open_proxy, tracking
+from hail_guard.config import HttpSettings, Settings, WebhookSettings
+from hail_guard.errors import ConfigError, HailGuardError, WebhookRefused
 from hail_guard.gate import Gate, is_loopback
 from hail_guard.metrics import CONTENT_TYPE, Metrics
+from hail_guard.models import WebhookOutcome
 from hail_guard.server import Proxy, build_server
 
 log = structlog.get_logger(__name__)
 
-MCP_PATH, SSE_PATH, MESSAGES_PATH = "/mcp", "/sse", "/messages/"
+MCP_PATH, SSE_PATH, MESSAGES_PATH, WEBHOOK_PATH = "/mcp", "/sse", "/messages/", "/webhooks/hail"
 READY_PROBE_SECONDS = 5.0
 
 
-def build_http_app(proxy: Proxy, settings: HttpSettings, *, metrics: Metrics | None = None) -> Starlette:
+def build_http_app(
+    proxy: Proxy, settings: HttpSettings, *, metrics: Metrics | None = None, hooks: WebhookSettings | None = None
+) -> Starlette:
     """The ASGI app; `metrics` is the one `proxy` reports to (see `open_proxy`), else a fresh one."""
     metrics = metrics or Metrics()
+    hooks = hooks or WebhookSettings()
     server = build_server(proxy)
     checks_off = TransportSecuritySettings(enable_dns_rebinding_protection=False)  # the gate checks (403 for both)
     manager = StreamableHTTPSessionManager(
@@ -86,13 +95,73 @@ def build_http_app(proxy: Proxy, settings: HttpSettings, *, metrics: Metrics | N
         Route("/healthz", _healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_page, methods=["GET"]),
+        Route(WEBHOOK_PATH, _webhook_endpoint(proxy, settings, hooks, metrics), methods=["POST"]),
         Route(MCP_PATH, StreamableHTTPASGIApp(manager)),
         Route(SSE_PATH, _Asgi(sse_session), methods=["GET"]),
         Mount(MESSAGES_PATH, app=sse.handle_post_message),
     ]
     if settings.bearer_token() is None:
         log.warning("http_auth_disabled", message="no token: MCP requests are not authenticated (loopback only)")
+    if hooks.secret() is None:
+        log.info("webhooks_off", message=f"no {hooks.secret_env}: {WEBHOOK_PATH} answers 503")
     return Starlette(routes=routes, middleware=[gate], lifespan=lifespan)
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _webhook_endpoint(proxy: Proxy, http: HttpSettings, hooks: WebhookSettings, metrics: Metrics) -> Endpoint:
+    """`POST /webhooks/hail`: verify, record once, answer (see the module docstring)."""
+
+    def answer(status: int, outcome: str, message: str) -> Response:
+        metrics.webhook(outcome)
+        return JSONResponse({"status": outcome, "message": message}, status_code=status)
+
+    async def receive(request: Request) -> Response:
+        secret = hooks.secret()
+        if secret is None:
+            return answer(503, "not_configured", f"webhooks are not configured: set {hooks.secret_env}")
+        body = await _capped_body(request, http.max_body_bytes)
+        if body is None:
+            return answer(413, "too_large", f"the body is larger than {http.max_body_bytes} bytes")
+        try:
+            hook = webhooks.receive(
+                secret, body, request.headers, now=time.time(), tolerance_seconds=hooks.tolerance_seconds
+            )
+            outcome = await proxy.guard.ledger.record_webhook(hook)
+        except WebhookRefused as exc:
+            log.warning("webhook_refused", status=exc.status, reason=str(exc))
+            return answer(exc.status, "refused", str(exc))
+        except HailGuardError as exc:
+            log.error("webhook_not_recorded", error=str(exc))
+            return answer(503, "unrecorded", "the ledger could not record it; retry later")
+        if outcome is WebhookOutcome.REPLAYED:
+            log.warning("webhook_refused", status=401, reason="replayed", delivery_id=hook.delivery_id)
+            return answer(401, outcome.value, "this signed request was already received")
+        log.info(
+            "webhook_received",
+            delivery_id=hook.delivery_id,
+            type=hook.event_type,
+            provider_id=hook.provider_id,
+            outcome=outcome.value,
+        )
+        return answer(200, outcome.value, "ok")
+
+    return receive
+
+
+async def _capped_body(request: Request, limit: int) -> bytes | None:
+    """The whole body, or None when it is (or says it is) over `limit` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _healthz(request: Request) -> Response:
@@ -144,8 +213,8 @@ async def serve_http(
         )
     metrics = Metrics()
     with listening(http.host, http.port) as sock:
-        async with open_proxy(settings, metrics=metrics) as proxy:
-            app = build_http_app(proxy, http, metrics=metrics)
+        async with open_proxy(settings, metrics=metrics) as proxy, tracking(settings, proxy):
+            app = build_http_app(proxy, http, metrics=metrics, hooks=settings.webhooks)
             await serve_app(app, sock, grace_seconds=http.shutdown_grace_seconds, task_status=task_status)
 
 

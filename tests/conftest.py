@@ -103,13 +103,16 @@ class Harness:
 
 
 @asynccontextmanager
-async def open_harness(tmp_path: Path, *faults: str, **settings: Any) -> AsyncIterator[Harness]:
-    """The sandbox with `faults`, a ledger file in `tmp_path`, and hail-guard between (short timeouts)."""
-    sandbox = Sandbox(faults=[parse_fault(f) for f in faults])
+async def open_harness(
+    tmp_path: Path, *faults: str, sandbox: Sandbox | None = None, ledger_url: str | None = None, **settings: Any
+) -> AsyncIterator[Harness]:
+    """The sandbox (given, or one with `faults`), a ledger (`ledger_url`, else a file in `tmp_path`), and
+    hail-guard between."""
+    sandbox = sandbox or Sandbox(faults=[parse_fault(f) for f in faults])
     guard_settings = GuardSettings(**{"timeout_seconds": 2.0, **settings})
     target = UpstreamTarget(kind="inprocess", server=sandbox.server())
     async with (
-        open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger,
+        open_ledger(ledger_url or f"sqlite:///{tmp_path / 'ledger.db'}") as ledger,
         connect_upstream(target, timeout_seconds=guard_settings.timeout_seconds, heartbeat_seconds=None) as upstream,
     ):
         proxy = Proxy(Guard(ledger, upstream, guard_settings), upstream)

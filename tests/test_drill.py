@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from hail_guard import drill, policy
@@ -170,6 +172,17 @@ async def test_a_batch_that_dies_resumes_at_once_on_postgresql(postgres_server: 
         for seed in range(4):  # the cancellation lands in the window about every other time
             [result] = (await run_drill(DrillOptions(seed=seed, leads=30, ledger_url=url, scenarios=(3,)))).scenarios
             assert result.failed_check is None
+
+
+async def test_the_drill_command_passes_on_a_fresh_postgresql_database(postgres_url: str) -> None:
+    """`hail-guard drill --ledger postgresql://...` as an operator types it, on an empty database."""
+    argv = [sys.executable, "-m", "hail_guard", "drill", "--ledger", postgres_url, "--json", "--seed", "7"]
+    with anyio.fail_after(50):
+        done = await anyio.run_process(argv, check=False)
+    assert done.returncode == drill.EXIT_OK, done.stderr.decode()
+    report = json.loads(done.stdout)
+    assert report["passed"] is True
+    assert [scenario["failed_check"] for scenario in report["scenarios"]] == [None] * len(drill.SCENARIOS)
 
 
 async def test_a_ledger_that_cannot_be_opened_is_an_error_not_a_verdict() -> None:

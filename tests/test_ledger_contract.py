@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import anyio
 import pytest
 
-from hail_guard import keys
+from hail_guard import delivery, keys
 from hail_guard.errors import LeaseLost, NotFound, ProbableDuplicate, RefusedByPolicy, Suppressed
 from hail_guard.ledger import Ledger
-from hail_guard.models import Intent, Outcome, State, Suppression
+from hail_guard.models import (
+    DeliveryObservation,
+    DeliveryState,
+    Intent,
+    Operation,
+    Outcome,
+    State,
+    Suppression,
+    Webhook,
+    WebhookOutcome,
+)
 
 
 def intent(key: str = "c1:l1:email:intro", body: str = "Hello") -> Intent:
@@ -316,3 +328,244 @@ async def test_the_oldest_operation_in_a_state(ledger: Ledger) -> None:
     oldest = await ledger.oldest(State.SENDING)
     assert oldest is not None
     assert oldest.id == first.id
+
+
+# Delivery, webhooks, review decisions and pruning (issue 6).
+
+
+def observed(state: DeliveryState, at: datetime | None = None, source: str = "webhook") -> DeliveryObservation:
+    return DeliveryObservation(state=state, occurred_at=at, source=source)
+
+
+async def accepted(ledger: Ledger, key: str = "c1:l1:email:intro", provider_id: str = "e-1") -> Operation:
+    op = (await ledger.begin_send(intent(key, body=key), owner="w1", lease_seconds=60)).operation
+    outcome = ACCEPTED.model_copy(update={"provider_id": provider_id, "result": {"id": provider_id}})
+    return await ledger.record_outcome(op.id, owner="w1", outcome=outcome, actor="w1")
+
+
+async def in_review(ledger: Ledger, key: str = "c1:l1:email:intro") -> Operation:
+    op = (await ledger.begin_send(intent(key, body=key), owner="w1", lease_seconds=60)).operation
+    unclear = Outcome(state=State.NEEDS_REVIEW, reason="still unclear", review_reason="still unclear")
+    return await ledger.record_outcome(op.id, owner="w1", outcome=unclear, actor="w1")
+
+
+def webhook(delivery_id: str, event: str, provider_id: str | None, **changes: object) -> Webhook:
+    state = delivery.EVENT_TYPES.get(event)
+    base: dict[str, object] = {
+        "delivery_id": delivery_id,
+        "signature": f"sig-{delivery_id}",
+        "event_type": event,
+        "provider_id": provider_id,
+        "payload": "{}",
+        "observation": observed(state) if state is not None else None,
+    }
+    return Webhook.model_validate({**base, **changes})
+
+
+async def test_delivery_moves_only_forward_and_never_changes_the_state(ledger: Ledger) -> None:
+    op = await accepted(ledger)
+    bounced_at = datetime(2030, 1, 1, 9, 0, 5, tzinfo=UTC)
+    after = await ledger.record_delivery(op.id, [observed(DeliveryState.BOUNCED, bounced_at)])
+    assert (after.state, after.delivery_state, after.delivery_at) == (State.ACCEPTED, DeliveryState.BOUNCED, bounced_at)
+    late = await ledger.record_delivery(op.id, [observed(DeliveryState.DELIVERED), observed(DeliveryState.BOUNCED)])
+    assert (late.state, late.delivery_state, late.delivery_at) == (State.ACCEPTED, DeliveryState.BOUNCED, bounced_at)
+    events = await ledger.delivery_events(op.id)
+    assert [(e.state, e.occurred_at) for e in events] == [
+        (DeliveryState.BOUNCED, bounced_at),
+        (DeliveryState.DELIVERED, None),
+    ]
+    assert [e.to_state for e in await ledger.events(op.id)] == [State.SENDING, State.ACCEPTED]
+
+
+async def test_email_events_in_any_order_end_in_the_furthest_state(ledger: Ledger) -> None:
+    op = await accepted(ledger)
+    for state in (DeliveryState.DELIVERED, DeliveryState.DELIVERY_DELAYED, DeliveryState.OPENED):
+        await ledger.record_delivery(op.id, [observed(state)])
+    await ledger.record_delivery(op.id, [observed(DeliveryState.DELIVERED)])
+    final = await ledger.get(op.id)
+    assert final.delivery_state is DeliveryState.OPENED
+    assert final.delivery_at is not None
+    assert sorted(e.state for e in await ledger.delivery_events(op.id)) == sorted(
+        [DeliveryState.DELIVERED, DeliveryState.DELIVERY_DELAYED, DeliveryState.OPENED]
+    )
+
+
+async def test_delivery_checks_are_held_for_one_tracker_backed_off_and_stop_when_settled(ledger: Ledger) -> None:
+    first = await accepted(ledger, "k1", "e-1")
+    second = await accepted(ledger, "k2", "e-2")
+    await in_review(ledger, "k3")
+    claim = {"channels": ["email"], "max_age_seconds": 3600.0, "hold_seconds": 60.0}
+    assert [op.id for op in await ledger.claim_delivery_checks(**claim)] == [first.id, second.id]
+    assert await ledger.claim_delivery_checks(**claim) == []
+    assert await ledger.claim_delivery_checks(**{**claim, "channels": ["sms"], "hold_seconds": 0.0}) == []
+    checked = await ledger.record_delivery(first.id, [], next_check_seconds=0.0)
+    assert checked.delivery_checks == 1
+    await ledger.record_delivery(second.id, [observed(DeliveryState.DELIVERED, source="poll")], next_check_seconds=0.0)
+    assert [op.id for op in await ledger.claim_delivery_checks(**claim)] == [first.id]
+    await ledger.record_delivery(first.id, [], next_check_seconds=3600.0)
+    assert await ledger.claim_delivery_checks(**claim) == []
+
+
+async def test_delivery_checks_stop_at_the_maximum_age(ledger: Ledger) -> None:
+    await accepted(ledger)
+    assert await ledger.claim_delivery_checks(channels=["email"], max_age_seconds=0.0, hold_seconds=60.0) == []
+
+
+async def test_a_webhook_applies_once_and_a_replayed_signature_changes_nothing(ledger: Ledger) -> None:
+    op = await accepted(ledger)
+    assert await ledger.record_webhook(webhook("d1", "email.delivered", "e-1")) is WebhookOutcome.APPLIED
+    assert (await ledger.get(op.id)).delivery_state is DeliveryState.DELIVERED
+    retry = webhook("d1", "email.delivered", "e-1", signature="sig-d1-retry")
+    assert await ledger.record_webhook(retry) is WebhookOutcome.DUPLICATE
+    replay = webhook("d9", "email.bounced", "e-1", signature="sig-d1")
+    assert await ledger.record_webhook(replay) is WebhookOutcome.REPLAYED
+    assert (await ledger.get(op.id)).delivery_state is DeliveryState.DELIVERED
+    assert [e.state for e in await ledger.delivery_events(op.id)] == [DeliveryState.DELIVERED]
+
+
+async def test_a_webhook_for_an_unknown_operation_is_recorded_and_ignored(ledger: Ledger) -> None:
+    op = await accepted(ledger)
+    assert await ledger.record_webhook(webhook("d1", "email.bounced", "e-404")) is WebhookOutcome.UNKNOWN_OPERATION
+    assert await ledger.record_webhook(webhook("d1", "email.bounced", "e-404", signature="s2")) is (
+        WebhookOutcome.DUPLICATE
+    )
+    assert await ledger.record_webhook(webhook("d2", "email.clicked", "e-1")) is WebhookOutcome.IGNORED
+    assert (await ledger.get(op.id)).delivery_state is None
+
+
+async def test_an_opt_out_by_webhook_suppresses_the_sender_and_cancels_pending_sms(ledger: Ledger) -> None:
+    sms = [
+        i.model_copy(update={"channel": "sms", "tool": "send_sms", "recipients": ("+14155550100",)})
+        for i in batch_intents(1)
+    ]
+    await ledger.plan_batch(batch_id="B1", name=None, intents=sms, state=State.READY, actor="op")
+    stop = Suppression(recipient="+14155550100", channel="sms", reason='replied "STOP"', source="hail sms.received")
+    assert await ledger.record_webhook(webhook("d1", "sms.received", None, opt_out=stop)) is WebhookOutcome.OPTED_OUT
+    assert (await ledger.batch_status("B1")).counts == {State.CANCELLED: 1}
+    assert await ledger.is_suppressed(["+14155550100"], "sms")
+    assert await ledger.record_webhook(webhook("d1", "sms.received", None, opt_out=stop, signature="s2")) is (
+        WebhookOutcome.DUPLICATE
+    )
+
+
+async def test_a_review_decision_is_recorded_with_who_and_why(ledger: Ledger) -> None:
+    op = await in_review(ledger)
+    resolved = await ledger.resolve_review(
+        op.id, state=State.ACCEPTED, reason="found it in Hail's console", actor="alice", provider_id="e-7"
+    )
+    assert (resolved.state, resolved.provider_id) == (State.ACCEPTED, "e-7")
+    last = (await ledger.events(op.id))[-1]
+    assert (last.from_state, last.to_state, last.actor) == (State.NEEDS_REVIEW, State.ACCEPTED, "alice")
+    assert last.reason == "review: resolved as accepted (provider id e-7): found it in Hail's console"
+    cancelled = await ledger.resolve_review(
+        (await in_review(ledger, "k2")).id, state=State.CANCELLED, reason="lead left", actor="bob"
+    )
+    assert (cancelled.state, cancelled.cancel_reason) == (State.CANCELLED, "review: resolved as cancelled: lead left")
+
+
+async def test_resolving_an_operation_that_is_not_in_review_is_refused(ledger: Ledger) -> None:
+    op = await accepted(ledger)
+    with pytest.raises(RefusedByPolicy, match="is accepted, not in review"):
+        await ledger.resolve_review(op.id, state=State.FAILED, reason="oops", actor="alice")
+    with pytest.raises(RefusedByPolicy, match="resolved as one of"):
+        await ledger.resolve_review((await in_review(ledger, "k2")).id, state=State.READY, reason="x", actor="a")
+    with pytest.raises(NotFound):
+        await ledger.resolve_review("missing", state=State.FAILED, reason="x", actor="a")
+    assert (await ledger.get(op.id)).state is State.ACCEPTED
+    assert [e.to_state for e in await ledger.events(op.id)] == [State.SENDING, State.ACCEPTED]
+
+
+def resend_of(op: Operation) -> Intent:
+    key = keys.resend_key(op.idempotency_key)
+    request = keys.canonical_json({**op.arguments(), "idempotency_key": key})
+    return intent(key, body=op.idempotency_key).model_copy(
+        update={"request": request, "request_fingerprint": keys.fingerprint(request)}
+    )
+
+
+async def test_a_resend_supersedes_the_review_with_a_new_linked_operation(ledger: Ledger) -> None:
+    old = await in_review(ledger)
+    new = await ledger.resend(old.id, resend_of(old), reason="Hail has no trace of it", actor="alice")
+    assert (new.state, new.idempotency_key, new.resend_of) == (State.READY, "c1:l1:email:intro:resend:1", old.id)
+    superseded = await ledger.get(old.id)
+    assert (superseded.state, superseded.resent_as) == (State.CANCELLED, new.id)
+    assert f"superseded by resend {new.id}" in (superseded.cancel_reason or "")
+    old_last, [new_first] = (await ledger.events(old.id))[-1], await ledger.events(new.id)
+    assert (old_last.actor, old_last.to_state, new_first.actor, new_first.to_state) == (
+        "alice",
+        State.CANCELLED,
+        "alice",
+        State.READY,
+    )
+    assert "Hail has no trace of it" in old_last.reason
+    assert "Hail has no trace of it" in new_first.reason
+    with pytest.raises(RefusedByPolicy, match="not in review"):
+        await ledger.resend(old.id, resend_of(old), reason="again", actor="alice")
+
+
+async def test_a_resend_to_a_recipient_who_opted_out_is_refused_and_the_review_stays(ledger: Ledger) -> None:
+    old = await in_review(ledger)
+    await ledger.add_suppression(Suppression(recipient="a@example.com", reason="r", source="s"), actor="op")
+    with pytest.raises(Suppressed):
+        await ledger.resend(old.id, resend_of(old), reason="resend", actor="alice")
+    assert (await ledger.get(old.id)).state is State.NEEDS_REVIEW
+    assert await ledger.find_by_key(resend_of(old).idempotency_key) is None
+
+
+async def test_prune_removes_old_resolved_operations_with_their_events_and_nothing_unresolved(ledger: Ledger) -> None:
+    done = await accepted(ledger, "k1", "e-1")
+    await ledger.record_delivery(done.id, [observed(DeliveryState.DELIVERED)])
+    review = await in_review(ledger, "k2")
+    await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(2), state=State.PLANNED, actor="op")
+    unknown = (await ledger.begin_send(intent("k3", body="k3"), owner="w1", lease_seconds=60)).operation
+    await ledger.record_outcome(unknown.id, owner="w1", outcome=LOST, actor="w1")
+    assert (await ledger.prune(older_than_seconds=3600.0)).operations == 0
+    report = await ledger.prune(older_than_seconds=1e-3)
+    assert (report.operations, report.events) == (1, 2)
+    with pytest.raises(NotFound):
+        await ledger.get(done.id)
+    assert await ledger.events(done.id) == []
+    assert await ledger.delivery_events(done.id) == []
+    assert (await ledger.get(review.id)).state is State.NEEDS_REVIEW
+    assert await ledger.count_by_state() == {State.NEEDS_REVIEW: 1, State.PLANNED: 2, State.UNKNOWN: 1}
+    with pytest.raises(RefusedByPolicy, match="positive age"):
+        await ledger.prune(older_than_seconds=0.0)
+
+
+async def test_listing_by_recipient_and_time_and_page_after_page(ledger: Ledger) -> None:
+    await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(5), state=State.READY, actor="op")
+    [lead3] = await ledger.list_operations(recipient=" LEAD3@example.com")
+    assert lead3.recipients == ["lead3@example.com"]
+    now = await ledger.now()
+    assert len(await ledger.list_operations(since=now - timedelta(hours=1))) == 5
+    assert await ledger.list_operations(since=now + timedelta(hours=1)) == []
+    pages, before = [], None
+    while page := await ledger.list_operations(batch_id="B1", before=before, limit=2):
+        pages.append([op.idempotency_key for op in page])
+        before = page[-1].id
+    assert pages == [["b:4", "b:3"], ["b:2", "b:1"], ["b:0"]]
+
+
+async def test_concurrent_deliveries_of_one_webhook_apply_it_once(ledger: Ledger) -> None:
+    op = await accepted(ledger)
+    outcomes: list[WebhookOutcome] = []
+
+    async def deliver(attempt: int) -> None:
+        outcomes.append(await ledger.record_webhook(webhook("d1", "email.delivered", "e-1", signature=f"s{attempt}")))
+
+    async with anyio.create_task_group() as tg:
+        for attempt in range(8):
+            tg.start_soon(deliver, attempt)
+    assert sorted(outcomes) == sorted([WebhookOutcome.APPLIED] + [WebhookOutcome.DUPLICATE] * 7)
+    assert [e.state for e in await ledger.delivery_events(op.id)] == [DeliveryState.DELIVERED]
+
+
+async def test_concurrent_delivery_facts_settle_on_the_furthest_one(ledger: Ledger) -> None:
+    op = await accepted(ledger)
+    states = [DeliveryState.OPENED, DeliveryState.DELIVERY_DELAYED, DeliveryState.BOUNCED, DeliveryState.DELIVERED]
+
+    async with anyio.create_task_group() as tg:
+        for state in states * 3:
+            tg.start_soon(ledger.record_delivery, op.id, [observed(state)])
+    assert (await ledger.get(op.id)).delivery_state is DeliveryState.BOUNCED
+    assert sorted(e.state for e in await ledger.delivery_events(op.id)) == sorted(states)

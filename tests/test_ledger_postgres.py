@@ -7,6 +7,7 @@ a server shared by several processes has.
 from __future__ import annotations
 
 import inspect
+import re
 import socket
 import sys
 from typing import Any
@@ -22,7 +23,7 @@ from tests.postgres import PASSWORD, PASSWORD_ROLE, PostgresServer
 from tests.test_ledger_contract import ACCEPTED, batch_intents, intent
 
 asyncpg = pytest.importorskip("asyncpg", reason="the PostgreSQL ledger needs the `postgres` extra")
-from hail_guard.ledger.postgres import _mapped, describe, migrate, migrations  # noqa: E402
+from hail_guard.ledger.postgres import _CLAIM_READY, _mapped, describe, migrate, migrations  # noqa: E402
 
 LATEST = migrations()[-1][0]
 
@@ -318,3 +319,23 @@ async def test_the_oldest_operation_in_a_state(postgres_url: str) -> None:
         oldest = await ledger.oldest(State.READY)
     assert oldest is not None
     assert oldest.idempotency_key == "b:0"
+
+
+async def test_claiming_from_a_large_batch_reads_a_row_not_the_whole_batch(postgres_url: str) -> None:
+    """Without an index in claim order, each claim checked and sorted every ready send: O(N^2) per batch."""
+    async with open_ledger(postgres_url) as ledger:
+        await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(2000), state=State.READY, actor="op")
+    db = await asyncpg.connect(postgres_url)
+    try:
+        for mode in ("force_custom_plan", "force_generic_plan"):  # asyncpg's prepared statements turn generic
+            transaction = db.transaction()
+            await transaction.start()
+            try:
+                await db.execute(f"SET LOCAL plan_cache_mode = {mode}")
+                plan = [row[0] for row in await db.fetch(f"EXPLAIN ANALYZE {_CLAIM_READY}", "w", 60.0, "B1", 1)]
+            finally:
+                await transaction.rollback()
+            rows_read = [int(n) for line in plan for n in re.findall(r"actual time=\S+ rows=(\d+)", line)]
+            assert max(rows_read) <= 2, "\n".join(plan)
+    finally:
+        await db.close()

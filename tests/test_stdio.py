@@ -53,14 +53,14 @@ async def running_sandbox(tmp_path: Path, *faults: str) -> AsyncIterator[tuple[s
                 await process.wait()
 
 
-def serve_params(tmp_path: Path, upstream_url: str, **guard: Any) -> StdioServerParameters:
+def serve_params(tmp_path: Path, upstream_url: str, timeout: float = 1.0, **guard: Any) -> StdioServerParameters:
     config = tmp_path / "hail-guard.toml"
     lines = [
         "[ledger]",
         f'url = "sqlite:///{tmp_path / "ledger.db"}"',
         "[upstream]",
         f'url = "{upstream_url}"',
-        "timeout_seconds = 1.0",
+        f"timeout_seconds = {timeout}",
         "[guard]",
         *(f"{name} = {value}" for name, value in guard.items()),
     ]
@@ -148,7 +148,8 @@ async def test_four_stdio_servers_on_one_ledger_lose_nothing(tmp_path: Path) -> 
     from hail_guard.models import State
 
     async def agent(number: int, url: str) -> None:
-        async with Client(serve_params(tmp_path, url), mode="legacy") as client, anyio.create_task_group() as tg:
+        params = serve_params(tmp_path, url, timeout=20.0)  # a loaded machine must not turn sends unknown
+        async with Client(params, mode="legacy") as client, anyio.create_task_group() as tg:
             for lead in range(25):
                 arguments = email(
                     to=[f"p{number}-lead{lead}@example.com"],
@@ -157,7 +158,7 @@ async def test_four_stdio_servers_on_one_ledger_lose_nothing(tmp_path: Path) -> 
                 tg.start_soon(client.call_tool, "send_email", arguments)
 
     async with running_sandbox(tmp_path) as (url, outbox):
-        serve_params(tmp_path, url)  # writes the shared config once before the servers start
+        serve_params(tmp_path, url, timeout=20.0)  # writes the shared config once before the servers start
         async with anyio.create_task_group() as tg:
             for number in range(4):
                 tg.start_soon(agent, number, url)

@@ -1,4 +1,4 @@
-"""Worker processes sharing one SQLite ledger, against `hail-guard sandbox` over HTTP."""
+"""Worker processes sharing one ledger (SQLite, or PostgreSQL), against `hail-guard sandbox` over HTTP."""
 
 from __future__ import annotations
 
@@ -6,24 +6,38 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from anyio.abc import Process
 
 from hail_guard.ledger import open_ledger
 from hail_guard.models import State
+from tests.postgres import PostgresServer
 from tests.test_stdio import outbox_lines, running_sandbox
 
 HG = [sys.executable, "-m", "hail_guard"]
 
 
-def write_config(tmp_path: Path, url: str, *, lease_seconds: float = 60.0) -> Path:
+@pytest.fixture(params=["sqlite", "postgres"])
+async def shared_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """The URL of a fresh ledger for every process of the test: a file in `tmp_path`, or a new database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.db'}"
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    async with server.database() as url:
+        yield url
+
+
+def write_config(tmp_path: Path, ledger_url: str, upstream_url: str, *, lease_seconds: float = 60.0) -> Path:
     config = tmp_path / "hail-guard.toml"
     config.write_text(
-        f'[ledger]\nurl = "sqlite:///{tmp_path / "ledger.db"}"\nbusy_timeout_seconds = 30\n'
-        f'[upstream]\nurl = "{url}"\ntimeout_seconds = 5.0\n'
+        f'[ledger]\nurl = "{ledger_url}"\nbusy_timeout_seconds = 30\n'
+        f'[upstream]\nurl = "{upstream_url}"\ntimeout_seconds = 5.0\n'
         f"[guard]\nlease_seconds = {lease_seconds}\n[worker]\npoll_seconds = 0.2\nshutdown_seconds = 10\n"
         '[log]\nlevel = "warning"\n'
     )
@@ -55,8 +69,8 @@ async def start_worker(config: Path, batch_id: str, concurrency: int) -> Process
     return await anyio.open_process(args, stdout=None, stderr=None)
 
 
-async def wait_for_batch(tmp_path: Path, batch_id: str, expected: dict[State, int], seconds: float) -> None:
-    async with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+async def wait_for_batch(ledger_url: str, batch_id: str, expected: dict[State, int], seconds: float) -> None:
+    async with open_ledger(ledger_url) as ledger:
         with anyio.fail_after(seconds):
             while (await ledger.batch_status(batch_id)).counts != expected:  # noqa: ASYNC110  (other processes)
                 await anyio.sleep(0.2)
@@ -68,23 +82,33 @@ async def stop(process: Process) -> int:
         return await process.wait()
 
 
-async def test_four_worker_processes_drain_a_batch_sending_each_operation_once(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)  # 35 s to over 2 min on 2 shared cores: past the 60 s default
+@pytest.mark.parametrize(
+    ("shared_ledger", "sends"),
+    [("sqlite", 2000), pytest.param("postgres", 5000, marks=pytest.mark.slow)],
+    indirect=["shared_ledger"],
+)
+async def test_four_worker_processes_drain_a_batch_sending_each_operation_once(
+    tmp_path: Path, shared_ledger: str, sends: int
+) -> None:
     async with running_sandbox(tmp_path) as (url, outbox):
-        config = write_config(tmp_path, url)
-        batch_id = plan_batch(tmp_path, config, 2000)
+        config = write_config(tmp_path, shared_ledger, url)
+        batch_id = plan_batch(tmp_path, config, sends)
         workers = [await start_worker(config, batch_id, 4) for _ in range(4)]
         try:
-            await wait_for_batch(tmp_path, batch_id, {State.ACCEPTED: 2000}, seconds=240)
+            await wait_for_batch(shared_ledger, batch_id, {State.ACCEPTED: sends}, seconds=240)
         finally:
             codes = [await stop(worker) for worker in workers]
         assert codes == [0, 0, 0, 0]
         keys = [line["idempotency_key"] for line in outbox_lines(outbox)]
-        assert len(keys) == len(set(keys)) == 2000
+        assert len(keys) == len(set(keys)) == sends
 
 
-async def test_a_killed_worker_is_recovered_after_its_lease_with_no_duplicate(tmp_path: Path) -> None:
+async def test_a_killed_worker_is_recovered_after_its_lease_with_no_duplicate(
+    tmp_path: Path, shared_ledger: str
+) -> None:
     async with running_sandbox(tmp_path, "send_email:5:hang_after_accept") as (url, outbox):
-        config = write_config(tmp_path, url, lease_seconds=1.0)
+        config = write_config(tmp_path, shared_ledger, url, lease_seconds=1.0)
         batch_id = plan_batch(tmp_path, config, 20)
         doomed = await start_worker(config, batch_id, 1)
         with anyio.fail_after(30):
@@ -94,23 +118,23 @@ async def test_a_killed_worker_is_recovered_after_its_lease_with_no_duplicate(tm
         await doomed.wait()
         survivor = await start_worker(config, batch_id, 2)
         try:
-            await wait_for_batch(tmp_path, batch_id, {State.ACCEPTED: 20}, seconds=60)
+            await wait_for_batch(shared_ledger, batch_id, {State.ACCEPTED: 20}, seconds=60)
         finally:
             assert await stop(survivor) == 0
         keys = [line["idempotency_key"] for line in outbox_lines(outbox)]
         assert len(keys) == len(set(keys)) == 20
 
 
-async def test_sigterm_lets_in_flight_sends_finish_then_exits_cleanly(tmp_path: Path) -> None:
+async def test_sigterm_lets_in_flight_sends_finish_then_exits_cleanly(tmp_path: Path, shared_ledger: str) -> None:
     async with running_sandbox(tmp_path, "send_email:*:delay:400") as (url, outbox):
-        config = write_config(tmp_path, url)
+        config = write_config(tmp_path, shared_ledger, url)
         batch_id = plan_batch(tmp_path, config, 30)
         worker = await start_worker(config, batch_id, 3)
         with anyio.fail_after(30):
             while not outbox_lines(outbox):  # noqa: ASYNC110  (another process's file)
                 await anyio.sleep(0.05)
         assert await stop(worker) == 0
-        async with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        async with open_ledger(shared_ledger) as ledger:
             counts = (await ledger.batch_status(batch_id)).counts
         assert State.SENDING not in counts
         assert State.UNKNOWN not in counts

@@ -18,7 +18,21 @@ from datetime import datetime
 from typing import Protocol
 
 from hail_guard.errors import ConfigError
-from hail_guard.models import BatchStatus, Event, Intent, Operation, Outcome, State, Suppression, ToolPin
+from hail_guard.models import (
+    BatchStatus,
+    DeliveryEvent,
+    DeliveryObservation,
+    Event,
+    Intent,
+    Operation,
+    Outcome,
+    PruneReport,
+    State,
+    Suppression,
+    ToolPin,
+    Webhook,
+    WebhookOutcome,
+)
 
 
 @dataclass(frozen=True)
@@ -113,13 +127,61 @@ class Ledger(Protocol):
         state: State | None = None,
         campaign_id: str | None = None,
         batch_id: str | None = None,
+        recipient: str | None = None,
+        since: datetime | None = None,
+        before: str | None = None,
         limit: int = 100,
-    ) -> list[Operation]: ...
+    ) -> list[Operation]:
+        """Newest first. `recipient` is compared normalised; `since` bounds `created_at`; `before` (an
+        operation id) continues a listing after that operation, for paging through everything."""
 
     async def events(self, operation_id: str) -> list[Event]: ...
 
     async def expire_leases(self) -> int:
         """Turn every `sending` operation whose lease has run out into `unknown`."""
+
+    async def record_delivery(
+        self,
+        operation_id: str,
+        observations: Sequence[DeliveryObservation],
+        *,
+        next_check_seconds: float | None = None,
+    ) -> Operation:
+        """Record delivery facts: each state once as a `DeliveryEvent`; the current delivery state moves only
+        forward (`delivery.settle`); the operation's `state` never changes. With `next_check_seconds` (a
+        poll), the check is counted and the next one scheduled."""
+
+    async def claim_delivery_checks(
+        self, *, channels: Sequence[str], max_age_seconds: float, hold_seconds: float, limit: int = 50
+    ) -> list[Operation]:
+        """Accepted operations of `channels` with a provider id, delivery not settled, first sent within
+        `max_age_seconds` and due for a check; held `hold_seconds` so that other trackers skip them."""
+
+    async def delivery_events(self, operation_id: str) -> list[DeliveryEvent]:
+        """Delivery events, oldest recorded first."""
+
+    async def record_webhook(self, webhook: Webhook) -> WebhookOutcome:
+        """In one transaction: refuse a seen signature (`REPLAYED`), count a delivery id once (`DUPLICATE`),
+        then suppress an opt-out's sender, or apply the delivery event to the operation with the provider id
+        (unknown ones are recorded and ignored). Nothing changes for `REPLAYED` and `DUPLICATE`."""
+
+    async def resolve_review(
+        self, operation_id: str, *, state: State, reason: str, actor: str, provider_id: str | None = None
+    ) -> Operation:
+        """An operator's decision on a `needs_review` operation (`accepted`, `failed` or `cancelled`), with
+        an event naming who and why; refused (`RefusedByPolicy`) for an operation not in review."""
+
+    async def resend(self, operation_id: str, intent: Intent, *, reason: str, actor: str) -> Operation:
+        """Supersede a `needs_review` operation by a new one (`intent`, a new key): the new operation is
+        recorded `ready` with `resend_of`, the old one `cancelled` with `resent_as`, both with events;
+        refused when the old one is not in review, the key exists, or a recipient opted out."""
+
+    async def prune(self, *, older_than_seconds: float) -> PruneReport:
+        """Delete resolved operations (accepted, failed, cancelled) untouched for `older_than_seconds`, with
+        their events; never an unresolved one. Old processed webhook deliveries go too."""
+
+    async def backup(self, path: str) -> int:
+        """Copy the ledger, online, to a new file at `path`; returns the operations it holds."""
 
     async def aclose(self) -> None: ...
 

@@ -33,10 +33,11 @@ import anyio
 import asyncpg
 import structlog
 
-from hail_guard import policy
+from hail_guard import delivery, policy
 from hail_guard.errors import (
     HailGuardError,
     LeaseLost,
+    LedgerError,
     LedgerUnavailable,
     NotFound,
     RefusedByPolicy,
@@ -44,14 +45,20 @@ from hail_guard.errors import (
 )
 from hail_guard.ledger import Begin
 from hail_guard.models import (
+    TERMINAL_STATES,
     BatchStatus,
+    DeliveryEvent,
+    DeliveryObservation,
     Event,
     Intent,
     Operation,
     Outcome,
+    PruneReport,
     State,
     Suppression,
     ToolPin,
+    Webhook,
+    WebhookOutcome,
     normalise_recipient,
 )
 
@@ -78,7 +85,7 @@ _COLUMNS = (
     "id, idempotency_key, tool, channel, recipients, request, request_fingerprint, content_fingerprint, "
     "campaign_id, lead_id, message_id, batch_id, state, provider_id, result, last_error, review_reason, cancel_reason, "
     "attempts, lease_owner, lease_expires_at, not_before, next_check_at, created_at, updated_at, "
-    "first_sent_at"
+    "first_sent_at, delivery_state, delivery_at, delivery_checks, delivery_next_check_at, resend_of, resent_as"
 )
 _SELECT = f"SELECT {_COLUMNS} FROM operations"
 _LIVE_STATES = "('planned', 'ready', 'sending', 'accepted', 'unknown', 'needs_review')"
@@ -88,15 +95,18 @@ _SUPPRESSED = """EXISTS (
 """True for an operation any of whose recipients opted out of its channel."""
 
 _EXPIRE_LEASES = f"""
-    WITH expired AS (
+    WITH picked AS MATERIALIZED (
+        SELECT id FROM operations WHERE state = 'sending' AND lease_expires_at <= {NOW}
+        FOR UPDATE SKIP LOCKED),
+    expired AS (
         UPDATE operations SET state = 'unknown', updated_at = {NOW}, next_check_at = {NOW}
-        WHERE state = 'sending' AND id IN (
-            SELECT id FROM operations WHERE state = 'sending' AND lease_expires_at <= {NOW}
-            FOR UPDATE SKIP LOCKED)
-        RETURNING id)
+        FROM picked WHERE operations.id = picked.id AND operations.state = 'sending'
+        RETURNING operations.id)
     INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
     SELECT id, {NOW}, 'sending', 'unknown', 'ledger', $1 FROM expired
 """
+"""The expired leases, picked once. (Written as `id IN (subquery)`, PostgreSQL could run the subquery
+again for every `sending` row: quadratic in the sends in flight, 45 ms for 300 on a 1M-row ledger.)"""
 _LOCK_BY_KEY = f"{_SELECT} WHERE idempotency_key = $1 FOR UPDATE"
 _INSERT_SENDING = f"""
     INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request,
@@ -216,9 +226,64 @@ _ADD_SUPPRESSION = f"""
 """
 _LIST_OPERATIONS = f"""
     {_SELECT} WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR campaign_id = $2)
-      AND ($3::text IS NULL OR batch_id = $3)
-    ORDER BY created_at DESC, seq DESC LIMIT $4
+      AND ($3::text IS NULL OR batch_id = $3) AND ($4::text IS NULL OR $4 = ANY (recipient_keys))
+      AND ($5::timestamptz IS NULL OR created_at >= $5)
+      AND ($6::text IS NULL OR (created_at, seq) < (SELECT o.created_at, o.seq FROM operations o WHERE o.id = $6))
+    ORDER BY created_at DESC, seq DESC LIMIT $7
 """
+_DELIVERY_EVENT = f"""
+    INSERT INTO delivery_events (operation_id, state, occurred_at, recorded_at, source, detail)
+    VALUES ($1, $2, $3, {NOW}, $4, $5) ON CONFLICT (operation_id, state) DO NOTHING
+"""
+_SET_DELIVERY = f"""
+    UPDATE operations SET delivery_state = $1, delivery_at = COALESCE($2::timestamptz, {NOW}), updated_at = {NOW}
+    WHERE id = $3
+"""
+_COUNT_DELIVERY_CHECK = f"""
+    UPDATE operations SET delivery_checks = delivery_checks + 1, delivery_next_check_at = {_later("$1")} WHERE id = $2
+"""
+_CLAIM_DELIVERY_CHECKS = f"""
+    WITH picked AS MATERIALIZED (
+        SELECT id FROM operations
+        WHERE state = 'accepted' AND provider_id IS NOT NULL AND channel = ANY ($2::text[])
+          AND (delivery_state IS NULL OR delivery_state <> ALL ($3::text[]))
+          AND (delivery_next_check_at IS NULL OR delivery_next_check_at <= {NOW})
+          AND COALESCE(first_sent_at, created_at) >= {NOW} - $4::float8 * interval '1 second'
+        ORDER BY delivery_next_check_at NULLS FIRST, created_at, seq LIMIT $5
+        FOR UPDATE SKIP LOCKED),
+    claimed AS (
+        UPDATE operations SET delivery_next_check_at = {_later("$1")}
+        FROM picked WHERE operations.id = picked.id
+        RETURNING operations.*)
+    SELECT {_COLUMNS} FROM claimed ORDER BY created_at, seq
+"""
+_DELIVERY_EVENTS = """
+    SELECT operation_id, state, occurred_at, recorded_at, source, detail FROM delivery_events
+    WHERE operation_id = $1 ORDER BY id
+"""
+_SIGNATURE_SEEN = "SELECT EXISTS (SELECT 1 FROM webhook_deliveries WHERE signature = $1)"
+_CLAIM_WEBHOOK = f"""
+    INSERT INTO webhook_deliveries (delivery_id, signature, event_type, provider_id, outcome, received_at, payload)
+    VALUES ($1, $2, $3, $4, 'pending', {NOW}, $5)
+    ON CONFLICT DO NOTHING
+    RETURNING delivery_id
+"""
+"""Counts a delivery id (and a signature) once: a concurrent twin waits for this one, then does nothing."""
+_SETTLE_WEBHOOK = "UPDATE webhook_deliveries SET outcome = $1, operation_id = $2 WHERE delivery_id = $3"
+_LOCK_BY_PROVIDER = f"{_SELECT} WHERE provider_id = $1 ORDER BY created_at DESC, seq DESC LIMIT 1 FOR UPDATE"
+_RESOLVE_REVIEW = f"""
+    UPDATE operations SET state = $1, provider_id = COALESCE($2, provider_id),
+        cancel_reason = COALESCE($3, cancel_reason), last_error = COALESCE($4, last_error), lease_owner = NULL,
+        lease_expires_at = NULL, next_check_at = NULL, updated_at = {NOW}
+    WHERE id = $5 AND state = 'needs_review'
+    RETURNING {_COLUMNS}
+"""
+_SUPERSEDE = f"""
+    UPDATE operations SET state = 'cancelled', cancel_reason = $1, resent_as = $2, lease_owner = NULL,
+        lease_expires_at = NULL, next_check_at = NULL, updated_at = {NOW}
+    WHERE id = $3 AND state = 'needs_review'
+"""
+_PRUNABLE = "SELECT id FROM operations WHERE state = ANY ($1::text[]) AND updated_at < $2 AND created_at < $2"
 _OBSERVE_TOOL = f"""
     INSERT INTO upstream_tools (name, fingerprint, accepted_fingerprint, first_seen_at) VALUES ($1, $2, $2, {NOW})
     ON CONFLICT (name) DO UPDATE SET
@@ -378,11 +443,8 @@ class PostgresLedger:
         return {State(row[0]): int(row[1]) for row in rows}
 
     async def add_suppression(self, suppression: Suppression, *, actor: str) -> list[str]:
-        recipient = normalise_recipient(suppression.recipient)
-        reason = f"the recipient opted out: {suppression.reason} (source: {suppression.source})"
         async with self._write() as db:
-            await db.execute(_ADD_SUPPRESSION, recipient, suppression.channel, suppression.reason, suppression.source)
-            return [row[0] for row in await db.fetch(_CANCEL_SUPPRESSED, reason, actor)]
+            return await _suppress(db, suppression, actor)
 
     async def remove_suppression(self, recipient: str, channel: str) -> bool:
         async with self._write() as db:
@@ -441,11 +503,15 @@ class PostgresLedger:
         state: State | None = None,
         campaign_id: str | None = None,
         batch_id: str | None = None,
+        recipient: str | None = None,
+        since: datetime | None = None,
+        before: str | None = None,
         limit: int = 100,
     ) -> list[Operation]:
         state_value = state.value if state is not None else None
+        wanted = normalise_recipient(recipient) if recipient is not None else None
         async with self._read() as db:
-            rows = await db.fetch(_LIST_OPERATIONS, state_value, campaign_id, batch_id, limit)
+            rows = await db.fetch(_LIST_OPERATIONS, state_value, campaign_id, batch_id, wanted, since, before, limit)
         return [_operation(row) for row in rows]
 
     async def events(self, operation_id: str) -> list[Event]:
@@ -461,6 +527,114 @@ class PostgresLedger:
         async with self._write() as db:
             return await _expire(db)
 
+    async def record_delivery(
+        self,
+        operation_id: str,
+        observations: Sequence[DeliveryObservation],
+        *,
+        next_check_seconds: float | None = None,
+    ) -> Operation:
+        async with self._write() as db:
+            operation = await _one(db, _LOCK_BY_ID, operation_id)
+            if operation is None:
+                raise _not_found(operation_id)
+            await _apply_delivery(db, operation, observations, next_check_seconds)
+            return await _must(db, operation_id)
+
+    async def claim_delivery_checks(
+        self, *, channels: Sequence[str], max_age_seconds: float, hold_seconds: float, limit: int = 50
+    ) -> list[Operation]:
+        settled = sorted(state.value for state in delivery.SETTLED)
+        async with self._write() as db:
+            rows = await db.fetch(_CLAIM_DELIVERY_CHECKS, hold_seconds, list(channels), settled, max_age_seconds, limit)
+        return [_operation(row) for row in rows]
+
+    async def delivery_events(self, operation_id: str) -> list[DeliveryEvent]:
+        async with self._read() as db:
+            rows = await db.fetch(_DELIVERY_EVENTS, operation_id)
+        return [DeliveryEvent.model_validate(dict(row.items())) for row in rows]
+
+    async def record_webhook(self, webhook: Webhook) -> WebhookOutcome:
+        async with self._write() as db:
+            if await db.fetchval(_SIGNATURE_SEEN, webhook.signature):
+                return WebhookOutcome.REPLAYED
+            claimed = await db.fetchval(
+                _CLAIM_WEBHOOK,
+                webhook.delivery_id,
+                webhook.signature,
+                webhook.event_type,
+                webhook.provider_id,
+                webhook.payload,
+            )
+            if claimed is None:
+                replayed = await db.fetchval(_SIGNATURE_SEEN, webhook.signature)
+                return WebhookOutcome.REPLAYED if replayed else WebhookOutcome.DUPLICATE
+            outcome, operation_id = await _apply_webhook(db, webhook)
+            await db.execute(_SETTLE_WEBHOOK, outcome.value, operation_id, webhook.delivery_id)
+            return outcome
+
+    async def resolve_review(
+        self, operation_id: str, *, state: State, reason: str, actor: str, provider_id: str | None = None
+    ) -> Operation:
+        policy.check_review_decision(state, reason, provider_id)
+        why = policy.review_decision_text(state, reason, provider_id)
+        cancel_reason = why if state is State.CANCELLED else None
+        last_error = why if state is State.FAILED else None
+        async with self._write() as db:
+            before = await _one(db, _LOCK_BY_ID, operation_id)
+            if before is None:
+                raise _not_found(operation_id)
+            if before.state is not State.NEEDS_REVIEW:
+                raise policy.not_in_review(before, "resolved")
+            row = await db.fetchrow(_RESOLVE_REVIEW, state.value, provider_id, cancel_reason, last_error, operation_id)
+            await _event(db, operation_id, State.NEEDS_REVIEW, state, actor, why)
+        return _operation(row)
+
+    async def resend(self, operation_id: str, intent: Intent, *, reason: str, actor: str) -> Operation:
+        policy.check_review_decision(State.CANCELLED, reason)
+        async with self._write() as db:
+            old = await _one(db, _LOCK_BY_ID, operation_id)
+            if old is None:
+                raise _not_found(operation_id)
+            if old.state is not State.NEEDS_REVIEW:
+                raise policy.not_in_review(old, "resent")
+            if await _suppressed(db, intent.recipients, intent.channel):
+                raise policy.suppressed_refusal(intent.recipients, intent.channel)
+            taken = await _one(db, f"{_SELECT} WHERE idempotency_key = $1", intent.idempotency_key)
+            if taken is not None:
+                raise policy.resend_key_taken(intent.idempotency_key, taken)
+            new_id = str(uuid.uuid4())
+            texts = policy.resend_texts(old.id, new_id, reason)
+            await db.execute(_INSERT_PLANNED, new_id, *_intent_values(intent), State.READY.value)
+            await db.execute("UPDATE operations SET resend_of = $1 WHERE id = $2", old.id, new_id)
+            await _event(db, new_id, None, State.READY, actor, texts.new_event)
+            await db.execute(_SUPERSEDE, texts.cancel_reason, new_id, old.id)
+            await _event(db, old.id, State.NEEDS_REVIEW, State.CANCELLED, actor, texts.old_event)
+            return await _must(db, new_id)
+
+    async def prune(self, *, older_than_seconds: float) -> PruneReport:
+        if not older_than_seconds > 0:
+            raise RefusedByPolicy("prune needs a positive age; nothing was removed")
+        resolved = sorted(state.value for state in TERMINAL_STATES)
+        webhook_age = max(older_than_seconds, policy.WEBHOOK_DEDUPE_SECONDS)
+        async with self._write() as db:
+            cutoff = await db.fetchval(f"SELECT {_later('$1')}", -older_than_seconds)
+            events = _count(
+                await db.execute(f"DELETE FROM events WHERE operation_id IN ({_PRUNABLE})", resolved, cutoff)
+            )
+            await db.execute(f"DELETE FROM delivery_events WHERE operation_id IN ({_PRUNABLE})", resolved, cutoff)
+            operations = _count(await db.execute(f"DELETE FROM operations WHERE id IN ({_PRUNABLE})", resolved, cutoff))
+            hooks = _count(
+                await db.execute(f"DELETE FROM webhook_deliveries WHERE received_at < {_later('$1')}", -webhook_age)
+            )
+        return PruneReport(operations=operations, events=events, webhook_deliveries=hooks)
+
+    async def backup(self, path: str) -> int:
+        raise LedgerError(
+            f"hail-guard copies SQLite ledgers only; back up the PostgreSQL ledger at {self._where} with pg_dump "
+            "(e.g. `pg_dump --format=custom --file ledger.dump DATABASE_URL`), then restore with pg_restore"
+        )
+
     async def aclose(self) -> None:
         """Close the pool: wait a moment for connections in use, then cut them."""
         with _mapped(self._where, self._secrets):
@@ -469,28 +643,39 @@ class PostgresLedger:
 
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[asyncpg.Connection]:
-        """One transaction on one pooled connection: committed on success, rolled back on any error."""
+        """One transaction on one pooled connection: committed on success, rolled back on any error.
+
+        Shielded from cancellation once the connection is ours, up to and including its release: a
+        claim committed and then cancelled on its way out would leave operations `sending` that
+        nobody forwards.
+        """
         with _mapped(self._where, self._secrets):
-            async with self._pool.acquire() as db:
-                transaction = db.transaction()
-                await transaction.start()
+            db = await self._pool.acquire()  # cancellable: nothing has started yet
+            with anyio.CancelScope(shield=True):
                 try:
-                    yield db
-                except BaseException:
-                    with (
-                        anyio.CancelScope(shield=True),
-                        suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError),
-                    ):
-                        await transaction.rollback()  # a dead connection is discarded by the pool anyway
-                    raise
-                with anyio.CancelScope(shield=True):
+                    transaction = db.transaction()
+                    await transaction.start()
+                    try:
+                        yield db
+                    except BaseException:
+                        with suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                            await transaction.rollback()  # a dead connection is discarded by the pool anyway
+                        raise
                     await transaction.commit()
+                finally:
+                    await self._pool.release(db, timeout=RELEASE_SECONDS)  # a dead link is dropped, not awaited
 
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[asyncpg.Connection]:
         with _mapped(self._where, self._secrets):
             async with self._pool.acquire() as db:
                 yield db
+
+
+COMMAND_TIMEOUT_SECONDS = 60.0
+"""Longest a single statement may take before the call fails as `LedgerUnavailable`."""
+RELEASE_SECONDS = 10.0
+"""Longest a connection's reset may take when it goes back to the pool; past it the pool drops it."""
 
 
 @asynccontextmanager
@@ -501,19 +686,23 @@ async def open_postgres_ledger(
     connect_timeout_seconds: float = 10.0,
     min_connections: int = 1,
     max_connections: int = 10,
+    command_timeout_seconds: float = COMMAND_TIMEOUT_SECONDS,
 ) -> AsyncIterator[PostgresLedger]:
-    """Connect a pool to `url` and migrate the database.
+    """Migrate the database, then connect a pool to `url`.
 
     `busy_timeout_seconds` bounds every wait for a lock held by another process (`lock_timeout`),
-    like the SQLite ledger's busy timeout.
+    like the SQLite ledger's busy timeout. `command_timeout_seconds` bounds every statement, so a
+    network that goes silent fails the call (nothing forwarded) instead of hanging it.
     """
     where, secrets = describe(url)
+    await migrate(url, connect_timeout_seconds=connect_timeout_seconds)  # no statement bound: it may wait its turn
     with _mapped(where, secrets):
         pool = await asyncpg.create_pool(
             url,
             min_size=min_connections,
             max_size=max_connections,
             timeout=connect_timeout_seconds,
+            command_timeout=command_timeout_seconds,
             server_settings={
                 "application_name": "hail-guard",
                 "lock_timeout": f"{max(1, int(busy_timeout_seconds * 1000))}ms",
@@ -521,9 +710,6 @@ async def open_postgres_ledger(
         )
     ledger = PostgresLedger(pool, where, secrets)
     try:
-        with _mapped(where, secrets):
-            async with pool.acquire() as db:
-                await _migrate(db, where)
         yield ledger
     finally:
         with anyio.CancelScope(shield=True):
@@ -639,7 +825,8 @@ _EXPLANATIONS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], str], 
             asyncpg.exceptions.InternalClientError,
             asyncpg.OperatorInterventionError,
         ),
-        "the connection to the PostgreSQL ledger at {where} failed: {detail}; nothing more was recorded, retry",
+        "the connection to the PostgreSQL ledger at {where} failed: {detail}; retry (a write cut off while "
+        "committing may have been recorded after all: the retry finds it)",
     ),
     (
         asyncpg.LockNotAvailableError,
@@ -716,6 +903,53 @@ def _intent_values(intent: Intent) -> tuple[Any, ...]:
         intent.message_id,
         intent.batch_id,
     )
+
+
+async def _suppress(db: asyncpg.Connection, suppression: Suppression, actor: str) -> list[str]:
+    """Record the opt-out; cancel every unforwarded operation to that recipient; their ids."""
+    recipient = normalise_recipient(suppression.recipient)
+    await db.execute(_ADD_SUPPRESSION, recipient, suppression.channel, suppression.reason, suppression.source)
+    return [row[0] for row in await db.fetch(_CANCEL_SUPPRESSED, policy.suppression_reason(suppression), actor)]
+
+
+async def _apply_delivery(
+    db: asyncpg.Connection,
+    operation: Operation,
+    observations: Sequence[DeliveryObservation],
+    next_check_seconds: float | None,
+) -> None:
+    """Each state once as an event; the current state only forward (`delivery.settle`); `state` untouched.
+
+    The caller holds the operation's row lock, so a poll and a webhook settle one after the other.
+    """
+    await db.executemany(
+        _DELIVERY_EVENT, [(operation.id, o.state.value, o.occurred_at, o.source, o.detail) for o in observations]
+    )
+    moved = delivery.settle(operation.delivery_state, observations)
+    if moved is not None:
+        await db.execute(_SET_DELIVERY, moved.state.value, moved.occurred_at, operation.id)
+    if next_check_seconds is not None:
+        await db.execute(_COUNT_DELIVERY_CHECK, next_check_seconds, operation.id)
+
+
+async def _apply_webhook(db: asyncpg.Connection, webhook: Webhook) -> tuple[WebhookOutcome, str | None]:
+    if webhook.opt_out is not None:
+        await _suppress(db, webhook.opt_out, "webhook")
+        return WebhookOutcome.OPTED_OUT, None
+    if webhook.observation is None or webhook.provider_id is None:
+        return WebhookOutcome.IGNORED, None
+    operation = await _one(db, _LOCK_BY_PROVIDER, webhook.provider_id)
+    if operation is None:
+        return WebhookOutcome.UNKNOWN_OPERATION, None
+    await _apply_delivery(db, operation, [webhook.observation], None)
+    return WebhookOutcome.APPLIED, operation.id
+
+
+async def _must(db: asyncpg.Connection, operation_id: str) -> Operation:
+    found = await _one(db, f"{_SELECT} WHERE id = $1", operation_id)
+    if found is None:
+        raise _not_found(operation_id)
+    return found
 
 
 async def _suppressed(db: asyncpg.Connection, recipients: Sequence[str], channel: str) -> bool:

@@ -12,18 +12,20 @@ import os
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, closing, contextmanager
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
 import aiosqlite
 import anyio
+import anyio.to_thread
 
-from hail_guard import policy
+from hail_guard import delivery, policy
 from hail_guard.errors import (
     HailGuardError,
     LeaseLost,
+    LedgerError,
     LedgerUnavailable,
     NotFound,
     RefusedByPolicy,
@@ -31,14 +33,21 @@ from hail_guard.errors import (
 )
 from hail_guard.ledger import Begin
 from hail_guard.models import (
+    TERMINAL_STATES,
     BatchStatus,
+    DeliveryEvent,
+    DeliveryObservation,
+    DeliveryState,
     Event,
     Intent,
     Operation,
     Outcome,
+    PruneReport,
     State,
     Suppression,
     ToolPin,
+    Webhook,
+    WebhookOutcome,
     normalise_recipient,
 )
 
@@ -49,11 +58,20 @@ _COLUMNS = (
     "id, idempotency_key, tool, channel, recipients, request, request_fingerprint, content_fingerprint, "
     "campaign_id, lead_id, message_id, batch_id, state, provider_id, result, last_error, review_reason, cancel_reason, "
     "attempts, lease_owner, lease_expires_at, not_before, next_check_at, created_at, updated_at, "
-    "first_sent_at"
+    "first_sent_at, delivery_state, delivery_at, delivery_checks, delivery_next_check_at, resend_of, resent_as"
 )
 _SELECT = f"SELECT {_COLUMNS} FROM operations"
 _TIME_COLUMNS = frozenset(
-    {"lease_expires_at", "not_before", "next_check_at", "created_at", "updated_at", "first_sent_at"}
+    {
+        "lease_expires_at",
+        "not_before",
+        "next_check_at",
+        "created_at",
+        "updated_at",
+        "first_sent_at",
+        "delivery_at",
+        "delivery_next_check_at",
+    }
 )
 
 _EXPIRE_LEASES = f"""
@@ -70,6 +88,7 @@ _INSERT = f"""
         content_fingerprint, campaign_id, lead_id, message_id, batch_id, state, attempts, lease_owner,
         lease_expires_at, created_at, updated_at, first_sent_at)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'sending', 1, ?, {NOW} + ?, {NOW}, {NOW}, {NOW})
+    RETURNING {_COLUMNS}
 """
 _INSERT_PLANNED = f"""
     INSERT INTO operations (id, idempotency_key, tool, channel, recipients, request, request_fingerprint,
@@ -86,12 +105,15 @@ _CLAIM_READY = f"""
     UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = ?,
         lease_expires_at = {NOW} + ?, updated_at = {NOW}, first_sent_at = COALESCE(first_sent_at, {NOW})
     WHERE id IN (
-        SELECT id FROM operations
+        SELECT id FROM operations INDEXED BY operations_ready
         WHERE state = 'ready' AND (? IS NULL OR batch_id = ?) AND COALESCE(not_before, 0) <= {NOW}
           AND NOT {_SUPPRESSED}
         ORDER BY created_at, rowid LIMIT ?)
     RETURNING {_COLUMNS}
 """
+"""Walks the ready rows oldest first and stops at the first that may go: without INDEXED BY, SQLite
+(no ANALYZE statistics) picks `operations_by_state`, checks every ready row for opt-outs and sorts
+them all, so a drain of N sends cost O(N^2) (seen by `python -m bench --only drain`)."""
 _CLAIM_UNKNOWN = f"""
     UPDATE operations SET attempts = attempts + 1, lease_owner = ?, lease_expires_at = {NOW} + ?,
         updated_at = {NOW}
@@ -124,9 +146,60 @@ _RECORD = f"""
         next_check_at = CASE WHEN ? IS NULL THEN NULL ELSE {NOW} + ? END,
         lease_expires_at = NULL, updated_at = {NOW}
     WHERE id = ? AND lease_owner = ? AND state IN ('sending', 'unknown')
+    RETURNING {_COLUMNS}
 """
 _EVENT = f"""
     INSERT INTO events (operation_id, at, from_state, to_state, actor, reason) VALUES (?, {NOW}, ?, ?, ?, ?)
+"""
+_LIST_OPERATIONS = f"""
+    {_SELECT} WHERE (? IS NULL OR state = ?) AND (? IS NULL OR campaign_id = ?) AND (? IS NULL OR batch_id = ?)
+      AND (? IS NULL OR EXISTS (
+          SELECT 1 FROM json_each(operations.recipients) r WHERE hg_normalise(r.value) = ?))
+      AND (? IS NULL OR created_at >= ?)
+      AND (? IS NULL OR (created_at, rowid) < (SELECT created_at, rowid FROM operations o WHERE o.id = ?))
+    ORDER BY created_at DESC, rowid DESC LIMIT ?
+"""
+_DELIVERY_EVENT = f"""
+    INSERT INTO delivery_events (operation_id, state, occurred_at, recorded_at, source, detail)
+    VALUES (?, ?, ?, {NOW}, ?, ?) ON CONFLICT (operation_id, state) DO NOTHING
+"""
+_SET_DELIVERY = f"""
+    UPDATE operations SET delivery_state = ?, delivery_at = COALESCE(?, {NOW}), updated_at = {NOW} WHERE id = ?
+"""
+_COUNT_DELIVERY_CHECK = f"""
+    UPDATE operations SET delivery_checks = delivery_checks + 1, delivery_next_check_at = {NOW} + ? WHERE id = ?
+"""
+_CLAIM_DELIVERY_CHECKS = f"""
+    UPDATE operations SET delivery_next_check_at = {NOW} + ?
+    WHERE id IN (
+        SELECT id FROM operations
+        WHERE state = 'accepted' AND provider_id IS NOT NULL
+          AND channel IN (SELECT value FROM json_each(?))
+          AND (delivery_state IS NULL OR delivery_state NOT IN (SELECT value FROM json_each(?)))
+          AND COALESCE(delivery_next_check_at, 0) <= {NOW}
+          AND COALESCE(first_sent_at, created_at) >= {NOW} - ?
+        ORDER BY COALESCE(delivery_next_check_at, 0), created_at LIMIT ?)
+    RETURNING {_COLUMNS}
+"""
+_RECORD_WEBHOOK = f"""
+    INSERT INTO webhook_deliveries (delivery_id, signature, event_type, provider_id, operation_id, outcome,
+        received_at, payload)
+    VALUES (?, ?, ?, ?, ?, ?, {NOW}, ?)
+"""
+_RESOLVE_REVIEW = f"""
+    UPDATE operations SET state = ?, provider_id = COALESCE(?, provider_id), cancel_reason = COALESCE(?, cancel_reason),
+        last_error = COALESCE(?, last_error), lease_owner = NULL, lease_expires_at = NULL, next_check_at = NULL,
+        updated_at = {NOW}
+    WHERE id = ? AND state = 'needs_review'
+"""
+_SUPERSEDE = f"""
+    UPDATE operations SET state = 'cancelled', cancel_reason = ?, resent_as = ?, lease_owner = NULL,
+        lease_expires_at = NULL, next_check_at = NULL, updated_at = {NOW}
+    WHERE id = ? AND state = 'needs_review'
+"""
+_PRUNABLE = """
+    SELECT id FROM operations
+    WHERE state IN (SELECT value FROM json_each(?)) AND updated_at < ? AND created_at < ?
 """
 
 
@@ -151,9 +224,11 @@ class SqliteLedger:
             if existing is None:
                 await _refuse_unsendable(db, intent, duplicate_window_seconds)
                 operation_id = str(uuid.uuid4())
-                await db.execute(_INSERT, (operation_id, *_intent_values(intent), owner, lease_seconds))
+                inserted = await db.execute_fetchall(
+                    _INSERT, (operation_id, *_intent_values(intent), owner, lease_seconds)
+                )
                 await _event(db, operation_id, None, State.SENDING, owner, "intent recorded; forwarding")
-                return Begin(await _must(db, operation_id), claimed=True)
+                return Begin(_operation(next(iter(inserted))), claimed=True)
             claimed = await db.execute(
                 _CLAIM_READY_BY_KEY, (owner, lease_seconds, existing.id, intent.request_fingerprint)
             )
@@ -219,8 +294,8 @@ class SqliteLedger:
     ) -> list[Operation]:
         async with self._write() as db:
             await self._expire(db, _LEASE_EXPIRED)
-            cursor = await db.execute(_CLAIM_READY, (owner, lease_seconds, batch_id, batch_id, limit))
-            claimed = [_operation(row) for row in await cursor.fetchall()]
+            rows = await db.execute_fetchall(_CLAIM_READY, (owner, lease_seconds, batch_id, batch_id, limit))
+            claimed = [_operation(row) for row in rows]
             for operation in claimed:
                 await _event(db, operation.id, State.READY, State.SENDING, owner, "claimed; forwarding")
             return claimed
@@ -247,19 +322,21 @@ class SqliteLedger:
 
     async def add_suppression(self, suppression: Suppression, *, actor: str) -> list[str]:
         async with self._write() as db:
-            await db.execute(
-                f"INSERT INTO suppressions (recipient, channel, reason, source, created_at) "
-                f"VALUES (?, ?, ?, ?, {NOW}) ON CONFLICT (recipient, channel) "
-                "DO UPDATE SET reason = excluded.reason, source = excluded.source",
-                (
-                    normalise_recipient(suppression.recipient),
-                    suppression.channel,
-                    suppression.reason,
-                    suppression.source,
-                ),
-            )
-            reason = f"the recipient opted out: {suppression.reason} (source: {suppression.source})"
-            return await self._cancel_suppressed(db, actor, reason)
+            return await self._suppress(db, suppression, actor)
+
+    async def _suppress(self, db: aiosqlite.Connection, suppression: Suppression, actor: str) -> list[str]:
+        await db.execute(
+            f"INSERT INTO suppressions (recipient, channel, reason, source, created_at) "
+            f"VALUES (?, ?, ?, ?, {NOW}) ON CONFLICT (recipient, channel) "
+            "DO UPDATE SET reason = excluded.reason, source = excluded.source",
+            (
+                normalise_recipient(suppression.recipient),
+                suppression.channel,
+                suppression.reason,
+                suppression.source,
+            ),
+        )
+        return await self._cancel_suppressed(db, actor, policy.suppression_reason(suppression))
 
     async def remove_suppression(self, recipient: str, channel: str) -> bool:
         async with self._write() as db:
@@ -331,7 +408,7 @@ class SqliteLedger:
         result = json.dumps(outcome.result) if outcome.result is not None else None
         async with self._write() as db:
             before = await _must(db, operation_id)
-            updated = await db.execute(
+            updated = await db.execute_fetchall(  # one round trip to the connection's thread
                 _RECORD,
                 (
                     outcome.state.value,
@@ -347,13 +424,14 @@ class SqliteLedger:
                     owner,
                 ),
             )
-            if updated.rowcount != 1:
+            recorded = list(updated)
+            if len(recorded) != 1:
                 raise LeaseLost(
                     f"operation {operation_id} is no longer ours to record (state {before.state.value}, "
                     f"claimed by another worker); its outcome was not overwritten"
                 )
             await _event(db, operation_id, before.state, outcome.state, actor, outcome.reason)
-            return await _must(db, operation_id)
+            return _operation(recorded[0])
 
     async def claim_unknown(
         self,
@@ -366,11 +444,11 @@ class SqliteLedger:
     ) -> list[Operation]:
         async with self._write() as db:
             await self._expire(db, _LEASE_EXPIRED)
-            cursor = await db.execute(
+            rows = await db.execute_fetchall(
                 _CLAIM_UNKNOWN,
                 (owner, lease_seconds, batch_id, batch_id, operation_id, operation_id, operation_id, limit),
             )
-            return [_operation(row) for row in await cursor.fetchall()]
+            return [_operation(row) for row in rows]
 
     async def get(self, operation_id: str) -> Operation:
         async with self._read() as db:
@@ -386,16 +464,18 @@ class SqliteLedger:
         state: State | None = None,
         campaign_id: str | None = None,
         batch_id: str | None = None,
+        recipient: str | None = None,
+        since: datetime | None = None,
+        before: str | None = None,
         limit: int = 100,
     ) -> list[Operation]:
-        query = (
-            f"{_SELECT} WHERE (? IS NULL OR state = ?) AND (? IS NULL OR campaign_id = ?) "
-            "AND (? IS NULL OR batch_id = ?) ORDER BY created_at DESC, rowid DESC LIMIT ?"
-        )
         state_value = state.value if state is not None else None
-        params = (state_value, state_value, campaign_id, campaign_id, batch_id, batch_id, limit)
+        wanted = normalise_recipient(recipient) if recipient is not None else None
+        after = since.timestamp() if since is not None else None
+        filters = (state_value, campaign_id, batch_id, wanted, after, before)
+        params = [value for value in filters for _ in range(2)]
         async with self._read() as db:
-            cursor = await db.execute(query, params)
+            cursor = await db.execute(_LIST_OPERATIONS, (*params, limit))
             return [_operation(row) for row in await cursor.fetchall()]
 
     async def events(self, operation_id: str) -> list[Event]:
@@ -421,12 +501,140 @@ class SqliteLedger:
         async with self._write() as db:
             return await self._expire(db, _LEASE_EXPIRED)
 
+    async def record_delivery(
+        self,
+        operation_id: str,
+        observations: Sequence[DeliveryObservation],
+        *,
+        next_check_seconds: float | None = None,
+    ) -> Operation:
+        async with self._write() as db:
+            await _apply_delivery(db, await _must(db, operation_id), observations, next_check_seconds)
+            return await _must(db, operation_id)
+
+    async def claim_delivery_checks(
+        self, *, channels: Sequence[str], max_age_seconds: float, hold_seconds: float, limit: int = 50
+    ) -> list[Operation]:
+        settled = json.dumps(sorted(state.value for state in delivery.SETTLED))
+        params = (hold_seconds, json.dumps(list(channels)), settled, max_age_seconds, limit)
+        async with self._write() as db:
+            cursor = await db.execute(_CLAIM_DELIVERY_CHECKS, params)
+            return [_operation(row) for row in await cursor.fetchall()]
+
+    async def delivery_events(self, operation_id: str) -> list[DeliveryEvent]:
+        async with self._read() as db:
+            cursor = await db.execute(
+                "SELECT operation_id, state, occurred_at, recorded_at, source, detail FROM delivery_events "
+                "WHERE operation_id = ? ORDER BY id",
+                (operation_id,),
+            )
+            return [
+                DeliveryEvent(
+                    operation_id=r[0],
+                    state=DeliveryState(r[1]),
+                    occurred_at=_time(r[2]) if r[2] is not None else None,
+                    recorded_at=_time(r[3]),
+                    source=r[4],
+                    detail=r[5],
+                )
+                for r in await cursor.fetchall()
+            ]
+
+    async def record_webhook(self, webhook: Webhook) -> WebhookOutcome:
+        async with self._write() as db:
+            if await _exists(db, "SELECT 1 FROM webhook_deliveries WHERE signature = ?", webhook.signature):
+                return WebhookOutcome.REPLAYED
+            if await _exists(db, "SELECT 1 FROM webhook_deliveries WHERE delivery_id = ?", webhook.delivery_id):
+                return WebhookOutcome.DUPLICATE
+            outcome, operation_id = await self._apply_webhook(db, webhook)
+            await db.execute(
+                _RECORD_WEBHOOK,
+                (
+                    webhook.delivery_id,
+                    webhook.signature,
+                    webhook.event_type,
+                    webhook.provider_id,
+                    operation_id,
+                    outcome.value,
+                    webhook.payload,
+                ),
+            )
+            return outcome
+
+    async def _apply_webhook(self, db: aiosqlite.Connection, webhook: Webhook) -> tuple[WebhookOutcome, str | None]:
+        if webhook.opt_out is not None:
+            await self._suppress(db, webhook.opt_out, "webhook")
+            return WebhookOutcome.OPTED_OUT, None
+        if webhook.observation is None or webhook.provider_id is None:
+            return WebhookOutcome.IGNORED, None
+        operation = await _one(
+            db, f"{_SELECT} WHERE provider_id = ? ORDER BY created_at DESC LIMIT 1", (webhook.provider_id,)
+        )
+        if operation is None:
+            return WebhookOutcome.UNKNOWN_OPERATION, None
+        await _apply_delivery(db, operation, [webhook.observation], None)
+        return WebhookOutcome.APPLIED, operation.id
+
+    async def resolve_review(
+        self, operation_id: str, *, state: State, reason: str, actor: str, provider_id: str | None = None
+    ) -> Operation:
+        policy.check_review_decision(state, reason, provider_id)
+        why = policy.review_decision_text(state, reason, provider_id)
+        async with self._write() as db:
+            before = await _must(db, operation_id)
+            if before.state is not State.NEEDS_REVIEW:
+                raise policy.not_in_review(before, "resolved")
+            cancel_reason = why if state is State.CANCELLED else None
+            last_error = why if state is State.FAILED else None
+            await db.execute(_RESOLVE_REVIEW, (state.value, provider_id, cancel_reason, last_error, operation_id))
+            await _event(db, operation_id, State.NEEDS_REVIEW, state, actor, why)
+            return await _must(db, operation_id)
+
+    async def resend(self, operation_id: str, intent: Intent, *, reason: str, actor: str) -> Operation:
+        policy.check_review_decision(State.CANCELLED, reason)
+        async with self._write() as db:
+            old = await _must(db, operation_id)
+            if old.state is not State.NEEDS_REVIEW:
+                raise policy.not_in_review(old, "resent")
+            if await _suppressed(db, intent.recipients, intent.channel):
+                raise policy.suppressed_refusal(intent.recipients, intent.channel)
+            taken = await _one(db, f"{_SELECT} WHERE idempotency_key = ?", (intent.idempotency_key,))
+            if taken is not None:
+                raise policy.resend_key_taken(intent.idempotency_key, taken)
+            new_id = str(uuid.uuid4())
+            texts = policy.resend_texts(old.id, new_id, reason)
+            await db.execute(_INSERT_PLANNED, (new_id, *_intent_values(intent), State.READY.value))
+            await db.execute("UPDATE operations SET resend_of = ? WHERE id = ?", (old.id, new_id))
+            await _event(db, new_id, None, State.READY, actor, texts.new_event)
+            await db.execute(_SUPERSEDE, (texts.cancel_reason, new_id, old.id))
+            await _event(db, old.id, State.NEEDS_REVIEW, State.CANCELLED, actor, texts.old_event)
+            return await _must(db, new_id)
+
+    async def prune(self, *, older_than_seconds: float) -> PruneReport:
+        if not older_than_seconds > 0:
+            raise RefusedByPolicy("prune needs a positive age; nothing was removed")
+        resolved = json.dumps(sorted(state.value for state in TERMINAL_STATES))
+        webhook_age = max(older_than_seconds, policy.WEBHOOK_DEDUPE_SECONDS)
+        async with self._write() as db:
+            row = await (await db.execute(f"SELECT {NOW} - ?", (older_than_seconds,))).fetchone()
+            assert row is not None
+            which = (resolved, row[0], row[0])
+            events = (await db.execute(f"DELETE FROM events WHERE operation_id IN ({_PRUNABLE})", which)).rowcount
+            await db.execute(f"DELETE FROM delivery_events WHERE operation_id IN ({_PRUNABLE})", which)
+            operations = (await db.execute(f"DELETE FROM operations WHERE id IN ({_PRUNABLE})", which)).rowcount
+            hooks = await db.execute(f"DELETE FROM webhook_deliveries WHERE received_at < {NOW} - ?", (webhook_age,))
+            return PruneReport(operations=operations, events=events, webhook_deliveries=hooks.rowcount)
+
+    async def backup(self, path: str) -> int:
+        with _mapped(path):
+            return await anyio.to_thread.run_sync(_backup_file, self._path, path)
+
     async def aclose(self) -> None:
         with _mapped(self._path):
             await self._db.close()
 
     async def _expire(self, db: aiosqlite.Connection, reason: str) -> int:
-        expired = [row[0] for row in await (await db.execute(_EXPIRE_LEASES)).fetchall()]
+        expired = [row[0] for row in await db.execute_fetchall(_EXPIRE_LEASES)]
         for operation_id in expired:
             await _event(db, operation_id, State.SENDING, State.UNKNOWN, "ledger", reason)
         return len(expired)
@@ -468,7 +676,7 @@ async def open_sqlite_ledger(path: str, *, busy_timeout_seconds: float = 5.0) ->
             await connection.execute(f"PRAGMA busy_timeout = {int(busy_timeout_seconds * 1000)}")
             # Opt-outs compare recipients exactly as Python normalises them (Unicode case included).
             await connection.create_function("hg_normalise", 1, normalise_recipient, deterministic=True)
-            await connection.execute("PRAGMA journal_mode = WAL")
+            await _switch_to_wal(connection, busy_timeout_seconds)
             await connection.execute("PRAGMA synchronous = NORMAL")
             await connection.execute("PRAGMA foreign_keys = ON")
             await _migrate(connection, path)
@@ -519,6 +727,21 @@ def _create_private(path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, mode=0o700, exist_ok=True)
     os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+
+
+async def _switch_to_wal(db: aiosqlite.Connection, busy_timeout_seconds: float) -> None:
+    """WAL mode; on a brand-new file opened by several processes at once the switch can find the
+    file locked without waiting the busy timeout, so it is retried within that timeout."""
+    with anyio.fail_after(max(busy_timeout_seconds, 1.0)):
+        while True:
+            try:
+                await db.execute("PRAGMA journal_mode = WAL")
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc).lower():
+                    raise
+                await anyio.sleep(0.02)
+            else:
+                return
 
 
 def migrations() -> list[tuple[int, str]]:
@@ -600,6 +823,65 @@ def _explain(message: str, path: str) -> str:
     return f"the ledger {path} failed: {message}"
 
 
+def _backup_file(source: str, path: str) -> int:
+    """Copy into `path.partial`, then rename: a backup file is whole or absent; never overwrites."""
+    target = os.path.abspath(path)
+    if os.path.lexists(target):
+        raise LedgerError(f"{path} already exists; a backup never overwrites a file: give a new path")
+    partial = f"{target}.partial"
+    if os.path.lexists(partial):
+        os.remove(partial)
+    _create_private(partial)
+    try:
+        count = _copy_online(source, partial)
+    except BaseException:
+        os.remove(partial)
+        raise
+    os.replace(partial, target)
+    return count
+
+
+def _copy_online(source: str, target: str) -> int:
+    """SQLite's online backup of `source` into `target` (one self-contained file), checked; returns its operations.
+
+    A reader of its own, so writers (in WAL mode, in any process) go on while it copies.
+    """
+    with closing(sqlite3.connect(source)) as origin, closing(sqlite3.connect(target)) as copy:
+        origin.backup(copy)
+        copy.execute("PRAGMA journal_mode = DELETE")
+        check = copy.execute("PRAGMA quick_check").fetchone()
+        if check is None or check[0] != "ok":
+            raise sqlite3.DatabaseError(f"the copy failed its integrity check: {check}")
+        row = copy.execute("SELECT COUNT(*) FROM operations").fetchone()
+    return int(row[0])
+
+
+async def _apply_delivery(
+    db: aiosqlite.Connection,
+    operation: Operation,
+    observations: Sequence[DeliveryObservation],
+    next_check_seconds: float | None,
+) -> None:
+    """Each state once as an event; the current state only forward (`delivery.settle`); `state` untouched."""
+    await db.executemany(
+        _DELIVERY_EVENT,
+        [(operation.id, o.state.value, _epoch(o.occurred_at), o.source, o.detail) for o in observations],
+    )
+    moved = delivery.settle(operation.delivery_state, observations)
+    if moved is not None:
+        await db.execute(_SET_DELIVERY, (moved.state.value, _epoch(moved.occurred_at), operation.id))
+    if next_check_seconds is not None:
+        await db.execute(_COUNT_DELIVERY_CHECK, (next_check_seconds, operation.id))
+
+
+async def _exists(db: aiosqlite.Connection, query: str, value: str) -> bool:
+    return await (await db.execute(query, (value,))).fetchone() is not None
+
+
+def _epoch(moment: datetime | None) -> float | None:
+    return moment.timestamp() if moment is not None else None
+
+
 def _intent_values(intent: Intent) -> tuple[Any, ...]:
     return (
         intent.idempotency_key,
@@ -621,13 +903,11 @@ async def _suppressed(db: aiosqlite.Connection, recipients: Sequence[str], chann
         return False
     names = [normalise_recipient(r) for r in recipients]
     marks = ", ".join("?" for _ in names)
-    row = await (
-        await db.execute(
-            f"SELECT 1 FROM suppressions WHERE recipient IN ({marks}) AND channel IN (?, 'all') LIMIT 1",
-            (*names, channel),
-        )
-    ).fetchone()
-    return row is not None
+    rows = await db.execute_fetchall(
+        f"SELECT 1 FROM suppressions WHERE recipient IN ({marks}) AND channel IN (?, 'all') LIMIT 1",
+        (*names, channel),
+    )
+    return bool(list(rows))
 
 
 async def _refuse_unsendable(
@@ -692,8 +972,8 @@ async def _must_batch(db: aiosqlite.Connection, batch_id: str) -> str | None:
 
 
 async def _one(db: aiosqlite.Connection, query: str, params: Sequence[Any]) -> Operation | None:
-    row = await (await db.execute(query, params)).fetchone()
-    return _operation(row) if row is not None else None
+    rows = list(await db.execute_fetchall(query, params))  # one round trip to the connection's thread
+    return _operation(rows[0]) if rows else None
 
 
 async def _must(db: aiosqlite.Connection, operation_id: str) -> Operation:

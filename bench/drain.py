@@ -1,0 +1,163 @@
+"""Case 2, campaign drain: plan N sends as a batch, then `Batches.run` with bounded concurrency.
+
+The sandbox runs in process with a fixed latency per call. With latency, the wall time is held
+against the ideal `N x latency / concurrency` (efficiency = ideal / wall). Without latency, the
+throughput is held against forwarding the very same requests (the keys and canonical JSON the
+guard would forward) over the same upstream connection with the same concurrency, but without
+the ledger. Forwarding with latency is measured too: it shows what this machine allows at all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from bench.figures import Figure, median, ms, percentile
+from bench.workload import lead_email, open_guarded
+from hail_guard.batch import PlannedSend
+from hail_guard.guard import Guard, GuardSettings
+from hail_guard.models import Operation, State
+from hail_guard.sandbox import Sandbox
+from hail_guard.upstream import UpstreamTarget, connect_upstream
+
+EFFICIENCY_TARGET = 0.90
+THROUGHPUT_TARGET = 0.5
+
+
+class Drained:
+    """One drain: how long planning and sending took, and each send's dispatch time."""
+
+    def __init__(self, sends: int, plan_seconds: float, wall_seconds: float, dispatch: list[float]) -> None:
+        self.sends, self.plan_seconds, self.wall_seconds, self.dispatch = sends, plan_seconds, wall_seconds, dispatch
+
+    @property
+    def rate(self) -> float:
+        return self.sends / self.wall_seconds
+
+
+def planned_sends(count: int, tag: str) -> list[PlannedSend]:
+    return [PlannedSend("send_email", lead_email(n, tag), f"send {n + 1}") for n in range(count)]
+
+
+async def drain_guarded(ledger_url: str, sends: int, concurrency: int, latency_ms: int) -> Drained:
+    async with open_guarded(ledger_url, Sandbox(latency_seconds=latency_ms / 1000)) as proxy:
+        started = time.perf_counter()
+        batch_id = await proxy.batches.plan(planned_sends(sends, f"drain{latency_ms}"), name="bench")
+        plan_seconds = time.perf_counter() - started
+        dispatch: list[float] = []
+        proxy.guard.dispatch = _timing(proxy.guard.dispatch, dispatch)  # type: ignore[method-assign]
+        started = time.perf_counter()
+        status = await proxy.batches.run(batch_id, concurrency=concurrency)
+        wall = time.perf_counter() - started
+    if status.counts != {State.ACCEPTED: sends}:
+        raise RuntimeError(f"the drain did not accept every send: {status.counts}")
+    return Drained(sends, plan_seconds, wall, dispatch)
+
+
+def _timing(
+    dispatch: Callable[[Operation, str], Awaitable[Operation]], into: list[float]
+) -> Callable[[Operation, str], Awaitable[Operation]]:
+    async def timed(operation: Operation, owner: str) -> Operation:
+        started = time.perf_counter()
+        try:
+            return await dispatch(operation, owner)
+        finally:
+            into.append(time.perf_counter() - started)
+
+    return timed
+
+
+async def forward_only(sends: int, concurrency: int, latency_ms: int) -> Drained:
+    """The same requests the guard would forward, over one upstream connection, with no ledger."""
+    settings = GuardSettings()
+    sandbox = Sandbox(latency_seconds=latency_ms / 1000)
+    target = UpstreamTarget(kind="inprocess", server=sandbox.server())
+    schema = _send_email_schema()
+    guard = Guard(ledger=None, upstream=None, settings=settings)  # type: ignore[arg-type]  (prepare needs neither)
+    requests = iter([guard.prepare("send_email", lead_email(n, f"fwd{latency_ms}"), schema)[1] for n in range(sends)])
+    dispatch: list[float] = []
+    async with connect_upstream(target, timeout_seconds=settings.timeout_seconds, heartbeat_seconds=None) as upstream:
+
+        async def loop() -> None:
+            for request in requests:
+                started = time.perf_counter()
+                result = await upstream.call_tool("send_email", request, timeout_seconds=settings.timeout_seconds)
+                dispatch.append(time.perf_counter() - started)
+                if result.is_error:
+                    raise RuntimeError(f"forwarding failed: {result.content}")
+
+        started = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(concurrency):
+                tg.start_soon(loop)
+        wall = time.perf_counter() - started
+    return Drained(sends, 0.0, wall, dispatch)
+
+
+def _send_email_schema() -> dict[str, Any]:
+    from hail_guard.sandbox.tools import input_schema
+
+    schema = input_schema("send_email")
+    if schema is None:
+        raise RuntimeError("the sandbox has no send_email")
+    return dict(schema)
+
+
+def ideal_seconds(sends: int, concurrency: int, latency_ms: int) -> float:
+    return sends * latency_ms / 1000 / concurrency
+
+
+def latency_figure(ledger: str, run: Drained, concurrency: int, latency_ms: int, *, guarded: bool) -> Figure:
+    ideal = ideal_seconds(run.sends, concurrency, latency_ms)
+    efficiency = ideal / run.wall_seconds
+    per_send = ms(run.dispatch)
+    what = "drain" if guarded else "forward, no ledger"
+    return Figure(
+        case="drain",
+        name=f"{what} {run.sends:,} sends, upstream {latency_ms} ms, concurrency {concurrency}: wall vs ideal",
+        ledger=ledger,
+        unit="s",
+        median=run.wall_seconds,
+        baseline=ideal,
+        ratio=run.wall_seconds / ideal,
+        target=f"efficiency >= {EFFICIENCY_TARGET:.0%}" if guarded else "",
+        met=efficiency >= EFFICIENCY_TARGET if guarded else None,
+        note=(
+            f"efficiency {efficiency:.1%}; {run.rate:,.0f} sends/s; per send p50 {median(per_send):.1f} ms, "
+            f"p99 {percentile(per_send, 0.99):.1f} ms"
+        ),
+    )
+
+
+def throughput_figure(ledger: str, run: Drained, forward: Drained, concurrency: int) -> Figure:
+    ratio = run.rate / forward.rate
+    per_send = ms(run.dispatch)
+    return Figure(
+        case="drain",
+        name=f"drain {run.sends:,} sends, upstream 0 ms, concurrency {concurrency}: throughput vs forwarding",
+        ledger=ledger,
+        unit="ops/s",
+        median=run.rate,
+        baseline=forward.rate,
+        ratio=ratio,
+        target=f">= {THROUGHPUT_TARGET:g}x forwarding",
+        met=ratio >= THROUGHPUT_TARGET,
+        note=(
+            f"per send p50 {median(per_send):.2f} ms, p99 {percentile(per_send, 0.99):.2f} ms; "
+            f"forwarding {forward.wall_seconds:.1f} s"
+        ),
+    )
+
+
+def plan_figure(ledger: str, run: Drained) -> Figure:
+    return Figure(
+        case="drain",
+        name=f"plan {run.sends:,} sends (one batch)",
+        ledger=ledger,
+        unit="s",
+        median=run.plan_seconds,
+        note=f"{run.sends / run.plan_seconds:,.0f} sends/s planned",
+    )

@@ -1,0 +1,59 @@
+"""The review queue's one action that sends: an operator's resend, under a new key.
+
+An operation in `needs_review` stayed unclear: Hail may or may not have sent it. An operator
+decides. `Ledger.resolve_review` records what became of it (accepted, failed, cancelled) and sends
+nothing. A resend is the other decision: "it did not go; send it again". That is a NEW, explicitly
+intended action, so it gets a new key, `<original key>:resend:<n>` (`keys.resend_key`), over the
+same stored request. The ledger records the new operation `ready`, linked both ways, and closes the
+old one as `cancelled` ("superseded by resend <new id>"): the old one is settled by the operator's
+decision, not known to be unsent. Then the new operation is sent at once, like any guarded send.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from hail_guard import keys, policy
+from hail_guard.guard import Guard, claim_token
+from hail_guard.models import Intent, Operation, State
+
+log = structlog.get_logger(__name__)
+
+
+def resend_intent(operation: Operation) -> Intent:
+    """The stored request of `operation` under the resend key (nothing else changes)."""
+    key = keys.resend_key(operation.idempotency_key)
+    text = keys.canonical_json({**operation.arguments(), keys.KEY_FIELD: key})
+    return Intent(
+        idempotency_key=key,
+        tool=operation.tool,
+        channel=operation.channel,
+        recipients=tuple(operation.recipients),
+        request=text,
+        request_fingerprint=keys.fingerprint(text),
+        content_fingerprint=operation.content_fingerprint,
+        campaign_id=operation.campaign_id,
+        lead_id=operation.lead_id,
+        message_id=operation.message_id,
+        batch_id=operation.batch_id,
+        allow_duplicate=True,
+    )
+
+
+async def resend(guard: Guard, operation_id: str, *, reason: str, actor: str) -> Operation:
+    """Supersede a `needs_review` operation by a new one and send that; returns the new operation.
+
+    Refused before anything is recorded when the operation is not in review or Hail is unreachable.
+    """
+    operation = await guard.ledger.get(operation_id)
+    if operation.state is not State.NEEDS_REVIEW:
+        raise policy.not_in_review(operation, "resent")
+    await guard.upstream.wait_connected()
+    intent = resend_intent(operation)
+    created = await guard.ledger.resend(operation.id, intent, reason=reason, actor=actor)
+    log.info("operation_resent", operation_id=operation.id, new_operation_id=created.id, key=intent.idempotency_key)
+    owner = claim_token()
+    begin = await guard.ledger.begin_send(intent, owner=owner, lease_seconds=guard.settings.lease)
+    if not begin.claimed:  # a worker took it first: it is being sent
+        return begin.operation
+    return await guard.dispatch(begin.operation, owner)

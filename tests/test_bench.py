@@ -1,0 +1,64 @@
+"""The benchmark suite runs and reports in shape (its figures are printed, never asserted here)."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import replace
+
+from rich.console import Console
+
+from bench.figures import Figure, Report, markdown, percentile, print_report
+from bench.suite import QUICK, Options, run_suite
+
+
+def test_the_smallest_quick_case_reports_each_figure_beside_its_baseline_and_target() -> None:
+    tiny = replace(QUICK, overhead_iterations={0: 4}, overhead_warmup=1)
+    report = run_suite(
+        Options(sizes=tiny, cases=["overhead"], ledgers=["sqlite"], progress=Console(file=io.StringIO()))
+    )
+
+    assert [(f.case, f.ledger) for f in report.figures] == [("overhead", "sqlite"), ("overhead", "sqlite")]
+    send, read = report.figures
+    assert send.name == "send_email (guarded), upstream 0 ms"
+    assert read.name == "get_email (pass-through), upstream 0 ms"
+    for figure in report.figures:
+        assert figure.skipped is None
+        assert figure.unit == "ms"
+        assert figure.median is not None
+        assert figure.p99 is not None
+        assert figure.baseline is not None
+        assert 0 < figure.median <= figure.p99
+        assert figure.baseline > 0
+        assert figure.ratio == figure.median / figure.baseline
+        assert "added p50" in figure.note
+    assert send.target == "added p50 <= 2 ms"
+    assert isinstance(send.met, bool)
+    assert read.met is None
+    assert {"cores", "python", "sqlite", "postgresql"} <= set(report.machine)
+
+
+def test_a_report_prints_as_a_table_as_json_and_as_markdown() -> None:
+    report = Report(
+        machine={"cores": 2},
+        figures=[
+            Figure(case="startup", name="serve", unit="s", median=0.9, baseline=0.7, ratio=0.9 / 0.7, met=True),
+            Figure(case="drain", name="10 sends", ledger="postgres", skipped="PostgreSQL is not installed"),
+        ],
+        plans=[{"ledger": "sqlite", "query": "find_by_key", "rows": 10, "uses_index": True, "plan": ["SEARCH"]}],
+    )
+    screen = io.StringIO()
+    print_report(report, Console(file=screen, width=200))
+
+    assert "startup: serve" in screen.getvalue()
+    assert "skipped: PostgreSQL is not installed" in screen.getvalue()
+    assert "find_by_key" in screen.getvalue()
+    parsed = json.loads(report.to_json())
+    assert parsed["figures"][1]["skipped"] == "PostgreSQL is not installed"
+    assert parsed["plans"][0]["uses_index"] is True
+    assert markdown(report).count("\n") == 3  # header, rule, two rows
+
+
+def test_p99_is_the_nearest_rank() -> None:
+    assert percentile([float(n) for n in range(1, 101)], 0.99) == 99.0
+    assert percentile([5.0], 0.99) == 5.0
