@@ -6,10 +6,12 @@ import io
 import json
 from dataclasses import replace
 
+import pytest
 from rich.console import Console
 
 from bench.figures import Figure, Report, markdown, percentile, print_report
 from bench.suite import QUICK, Options, run_suite
+from tests import postgres
 
 
 def test_the_smallest_quick_case_reports_each_figure_beside_its_baseline_and_target() -> None:
@@ -36,6 +38,16 @@ def test_the_smallest_quick_case_reports_each_figure_beside_its_baseline_and_tar
     assert isinstance(send.met, bool)
     assert read.met is None
     assert {"cores", "python", "sqlite", "postgresql"} <= set(report.machine)
+
+
+def test_a_machine_without_postgresql_reports_its_cases_as_skipped_with_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(postgres, "missing_reason", lambda: "PostgreSQL is not installed here")
+    report = run_suite(Options(cases=["growth"], ledgers=["postgres"], progress=Console(file=io.StringIO())))
+
+    assert [(f.case, f.ledger, f.skipped) for f in report.figures] == [
+        ("growth", "postgres", "PostgreSQL is not installed here")
+    ]
+    assert report.machine["postgresql"] == "-"
 
 
 def test_a_report_prints_as_a_table_as_json_and_as_markdown() -> None:
