@@ -39,7 +39,10 @@ _PLACEHOLDER = re.compile(r"^(channel|tool|metadata\.[A-Za-z0-9_]+|[A-Za-z_][A-Z
 def canonical_json(value: Any) -> str:
     """Sorted keys, no insignificant whitespace, UTF-8 kept; NaN and infinities refused."""
     _refuse_non_finite(value)
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (ValueError, TypeError, RecursionError) as exc:  # e.g. an integer of more than 4,300 digits
+        raise RefusedByPolicy(f"the arguments are not a JSON value hail-guard can record: {exc}") from None
 
 
 def _refuse_non_finite(value: Any) -> None:

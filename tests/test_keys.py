@@ -107,3 +107,8 @@ def test_content_fingerprint_ignores_key_and_metadata_but_not_the_message() -> N
     changed = {**base, "body_text": "Hello!"}
     assert keys.content_fingerprint("send_email", base) == keys.content_fingerprint("send_email", same)
     assert keys.content_fingerprint("send_email", base) != keys.content_fingerprint("send_email", changed)
+
+
+def test_canonical_json_refuses_what_it_cannot_write() -> None:
+    with pytest.raises(RefusedByPolicy, match="not a JSON value"):
+        keys.canonical_json({"n": 10**4301})
