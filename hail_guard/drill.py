@@ -361,6 +361,15 @@ def _only_id(run: _Run) -> str | None:
     return str(run.outbox[0]["id"]) if len(run.outbox) == 1 else None
 
 
+async def _settles_accepted(rig: _Rig, run: _Run, operation_id: str, claim: str) -> None:
+    """Reconcile one operation and check it found the one message Hail really accepted."""
+    settled = await rig.reconcile(operation_id)
+    _check(
+        settled["state"] == "accepted" and settled["provider_id"] == _only_id(run),
+        f"{claim} (got {settled['state']}, {settled['provider_id']})",
+    )
+
+
 # The scenarios. Each one names its faults, sets what it expects, and checks as it goes.
 
 
@@ -376,11 +385,7 @@ async def _drop_then_retry(drill: _Drill, run: _Run) -> None:
             retry.get("replayed") is True and rig.sandbox.calls("send_email") == 1,
             f"the retry is answered from the ledger, not forwarded (Hail got {rig.sandbox.calls('send_email')} calls)",
         )
-        settled = await rig.reconcile(first["operation_id"])
-        _check(
-            settled["state"] == "accepted" and settled["provider_id"] == _only_id(run),
-            f"reconcile finds the one accepted message (got {settled['state']})",
-        )
+        await _settles_accepted(rig, run, first["operation_id"], "reconcile finds the one accepted message")
 
 
 async def _hang_then_reconcile(drill: _Drill, run: _Run) -> None:
@@ -391,11 +396,7 @@ async def _hang_then_reconcile(drill: _Drill, run: _Run) -> None:
         first = await rig.send(drill.lead(2, 0), "the send that timed out")
         _check(first["state"] == "unknown", f"the timeout is recorded unknown (got {first['state']})")
         _check("reconcile" in first["next_step"], "the agent is told to reconcile, not to resend")
-        settled = await rig.reconcile(first["operation_id"])
-        _check(
-            settled["state"] == "accepted" and settled["provider_id"] == _only_id(run),
-            f"reconcile finds the accepted message (got {settled['state']}, {settled['provider_id']})",
-        )
+        await _settles_accepted(rig, run, first["operation_id"], "reconcile finds the accepted message")
 
 
 async def _batch_dies_and_resumes(drill: _Drill, run: _Run) -> None:
@@ -554,11 +555,7 @@ async def _key_still_processing(drill: _Drill, run: _Run) -> None:
                 )
             finally:
                 release.set()  # Hail finishes the held send even if a check failed (it runs shielded, like Hail)
-        settled = await rig.reconcile(first["operation_id"])
-        _check(
-            settled["state"] == "accepted" and settled["provider_id"] == _only_id(run),
-            f"once Hail finishes, reconcile finds its one message (got {settled['state']})",
-        )
+        await _settles_accepted(rig, run, first["operation_id"], "once Hail finishes, reconcile finds its one message")
 
 
 async def _crash_after_acceptance(drill: _Drill, run: _Run) -> None:
@@ -576,10 +573,8 @@ async def _crash_after_acceptance(drill: _Drill, run: _Run) -> None:
         await rig.batch("run_batch", batch_id)
         _check(len(run.outbox) == 1, "a run while the lease holds does not send it again")
         await _until_lease_ends(rig.ledger, operation.lease_expires_at)
-        settled = await rig.reconcile(operation.id)
-        _check(
-            settled["state"] == "accepted" and settled["provider_id"] == _only_id(run),
-            f"after the lease, reconcile replays the same key and recovers it accepted (got {settled['state']})",
+        await _settles_accepted(
+            rig, run, operation.id, "after the lease, reconcile replays the same key and recovers it accepted"
         )
         counts = (await rig.batch("run_batch", batch_id))["counts"]
         _check(counts == {"accepted": 1}, f"a later run sends nothing more (counts {counts})")
@@ -641,11 +636,7 @@ async def _gateway_error_hid_success(drill: _Drill, run: _Run) -> None:
         if first["state"] == "failed":  # told it failed for good, an agent sends a new message (a new key)
             await rig.send({**email, "idempotency_key": f"agent-{drill.run_id}-again"}, "the agent's new message")
         _check(first["state"] == "unknown", f"the 5xx is recorded unknown, not failed (got {first['state']})")
-        settled = await rig.reconcile(first["operation_id"])
-        _check(
-            settled["state"] == "accepted" and settled["provider_id"] == _only_id(run),
-            f"reconcile finds the accepted message behind the 5xx (got {settled['state']})",
-        )
+        await _settles_accepted(rig, run, first["operation_id"], "reconcile finds the accepted message behind the 5xx")
 
 
 @dataclass(frozen=True)
