@@ -20,6 +20,8 @@ import structlog
 from mcp import types
 
 from hail_guard import delivery, keys, policy
+from hail_guard.crashpoints import check as check_crash_points
+from hail_guard.crashpoints import crash_point
 from hail_guard.errors import (
     KeyConflict,
     LeaseLost,
@@ -78,6 +80,7 @@ class SendReport:
 
 class Guard:
     def __init__(self, ledger: Ledger, upstream: UpstreamCaller, settings: GuardSettings) -> None:
+        check_crash_points()  # a testing hook: refuse a misspelt point at startup
         self.ledger = ledger
         self.upstream = upstream
         self.settings = settings
@@ -85,6 +88,7 @@ class Guard:
     async def send(self, tool: str, arguments: Mapping[str, Any], input_schema: Mapping[str, Any]) -> SendReport:
         intent, request = self.prepare(tool, arguments, input_schema)
         await self.upstream.wait_connected()  # refused before anything is recorded
+        crash_point("before_intent")
         owner = claim_token()
         begin = await self.ledger.begin_send(
             intent,
@@ -94,6 +98,7 @@ class Guard:
         )
         if not begin.claimed:
             return self._answer_from_ledger(begin.operation, intent, request)
+        crash_point("after_intent")
         return SendReport(await self.dispatch(begin.operation, owner), replayed=False)
 
     async def dispatch(self, operation: Operation, owner: str) -> Operation:
@@ -103,7 +108,9 @@ class Guard:
         ):
             log.info("operation_sending")
             answer = await self._forward(operation, owner, operation.tool, operation.arguments())
-            return await self._record(operation, owner, policy.outcome_of_send(answer))
+            outcome = policy.outcome_of_send(answer)
+            crash_point("after_answer")
+            return await self._record(operation, owner, outcome)
 
     def duplicate_window_seconds(self) -> float | None:
         hours = self.settings.duplicate_window_hours
@@ -163,6 +170,7 @@ class Guard:
             lost = Answer(kind=AnswerKind.LOST, error="the call was interrupted while Hail had the request")
             await self._record(operation, owner, policy.outcome_of_send(lost))
             raise
+        crash_point("after_forward")
         return _answer_of(tool, result, request)
 
     async def _record(self, operation: Operation, owner: str, outcome: Outcome) -> Operation:
@@ -214,6 +222,7 @@ class Guard:
         return [await self._reconcile_one(operation, owner) for operation in claimed]
 
     async def _reconcile_one(self, operation: Operation, owner: str) -> Operation:
+        crash_point("reconcile_claimed")
         plan = policy.plan_reconcile(
             operation,
             now=await self.ledger.now(),
@@ -233,6 +242,7 @@ class Guard:
                 attempts=operation.attempts - 1,
                 max_attempts=self.settings.max_reconcile_attempts,
             )
+        crash_point("reconcile_answered")
         return await self._record(operation, owner, outcome)
 
     async def _replay(self, operation: Operation) -> Answer:
