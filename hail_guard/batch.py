@@ -110,6 +110,8 @@ async def drain(
 
     async def loop() -> None:
         nonlocal sent
+        from hail_guard import crashpoints  # local only while batch.py is being rewritten; belongs at the top
+
         while stop is None or not stop.is_set():
             owner = claim_token()
             claimed = await guard.ledger.claim_ready(
@@ -117,6 +119,7 @@ async def drain(
             )
             if not claimed:
                 return
+            crashpoints.crash_point("after_claim")
             for operation in claimed:
                 await guard.dispatch(operation, owner)
                 sent += 1
