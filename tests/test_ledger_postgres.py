@@ -10,20 +10,36 @@ import inspect
 import re
 import socket
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from hail_guard.errors import ConfigError, HailGuardError, LedgerUnavailable, SchemaTooNew
+from hail_guard.errors import (
+    ConfigError,
+    HailGuardError,
+    LedgerUnavailable,
+    NotFound,
+    ProbableDuplicate,
+    RefusedByPolicy,
+    SchemaTooNew,
+)
 from hail_guard.ledger import Ledger, open_ledger
-from hail_guard.models import Outcome, State
+from hail_guard.models import Intent, Outcome, State
 from tests.postgres import PASSWORD, PASSWORD_ROLE, PostgresServer
 from tests.test_ledger_contract import ACCEPTED, batch_intents, intent
 
 asyncpg = pytest.importorskip("asyncpg", reason="the PostgreSQL ledger needs the `postgres` extra")
-from hail_guard.ledger.postgres import _CLAIM_READY, _mapped, describe, migrate, migrations  # noqa: E402
+from hail_guard.ledger.postgres import (  # noqa: E402
+    _CLAIM_READY,
+    PLAN_CHUNK,
+    _mapped,
+    describe,
+    migrate,
+    migrations,
+)
 
 LATEST = migrations()[-1][0]
 
@@ -339,3 +355,73 @@ async def test_claiming_from_a_large_batch_reads_a_row_not_the_whole_batch(postg
             assert max(rows_read) <= 2, "\n".join(plan)
     finally:
         await db.close()
+
+
+def streamed(intents: list[Intent], *, then: BaseException | None = None) -> Iterator[Intent]:
+    """The intents one at a time, as a batch file is read; then `then` is raised, if given."""
+    yield from intents
+    if then is not None:
+        raise then
+
+
+async def test_a_batch_streamed_in_many_chunks_is_planned_in_order_and_counted(postgres_url: str) -> None:
+    sends = batch_intents(PLAN_CHUNK * 2 + 7)
+    async with open_ledger(postgres_url) as ledger:
+        planned = await ledger.plan_batch(
+            batch_id="B1", name=None, intents=streamed(sends), state=State.READY, actor="op"
+        )
+        claimed = await ledger.claim_ready(owner="w1", lease_seconds=60, batch_id="B1", limit=3)
+        status = await ledger.batch_status("B1")
+    assert planned == len(sends)
+    assert status.counts == {State.READY: len(sends) - 3, State.SENDING: 3}
+    assert [op.idempotency_key for op in claimed] == ["b:0", "b:1", "b:2"]
+
+
+async def test_a_refusal_while_the_batch_is_read_plans_nothing_of_it(postgres_url: str) -> None:
+    sends = batch_intents(PLAN_CHUNK * 2 + 7)
+    refusal = RefusedByPolicy("line 1008: not valid JSON; nothing was planned")
+    async with open_ledger(postgres_url) as ledger:
+        with pytest.raises(RefusedByPolicy, match="line 1008"):
+            await ledger.plan_batch(
+                batch_id="B1", name=None, intents=streamed(sends, then=refusal), state=State.READY, actor="op"
+            )
+        assert await ledger.count_by_state() == {}
+        with pytest.raises(NotFound):
+            await ledger.batch_status("B1")
+        assert await ledger.plan_batch(batch_id="B2", name=None, intents=sends, state=State.READY, actor="op") == len(
+            sends
+        )
+
+
+async def test_known_keys_and_duplicates_past_the_first_chunk_are_named_by_their_position(postgres_url: str) -> None:
+    sends = batch_intents(PLAN_CHUNK * 2 + 7)
+    taken = PLAN_CHUNK + 4  # a position in the second chunk
+    async with open_ledger(postgres_url) as ledger:
+        await ledger.begin_send(sends[taken - 1], owner="w1", lease_seconds=60)
+        with pytest.raises(RefusedByPolicy, match=rf"^1 send\(s\) already exist in the ledger: send {taken} "):
+            await ledger.plan_batch(batch_id="B1", name=None, intents=streamed(sends), state=State.READY, actor="op")
+        renamed = [send.model_copy(update={"idempotency_key": f"new:{n}"}) for n, send in enumerate(sends)]
+        with pytest.raises(ProbableDuplicate, match=rf"^send {taken}: probable duplicate"):
+            await ledger.plan_batch(
+                batch_id="B2",
+                name=None,
+                intents=streamed(renamed),
+                state=State.READY,
+                actor="op",
+                duplicate_window_seconds=3600,
+            )
+        assert await ledger.count_by_state() == {State.SENDING: 1}
+
+
+async def test_an_outcome_after_the_lease_ran_out_is_logged_from_unknown(postgres_url: str) -> None:
+    async with open_ledger(postgres_url) as ledger:
+        op = (await ledger.begin_send(intent(), owner="w1", lease_seconds=0)).operation
+        assert await ledger.expire_leases() == 1
+        recorded = await ledger.record_outcome(op.id, owner="w1", outcome=ACCEPTED, actor="w1")
+        events = await ledger.events(op.id)
+    assert recorded.state is State.ACCEPTED
+    assert [(e.from_state, e.to_state) for e in events] == [
+        (None, State.SENDING),
+        (State.SENDING, State.UNKNOWN),
+        (State.UNKNOWN, State.ACCEPTED),
+    ]

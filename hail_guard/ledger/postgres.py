@@ -18,11 +18,12 @@ the server with the password masked.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from datetime import datetime
 from importlib import resources
@@ -73,6 +74,8 @@ CONTENT_LOCK_SPACE = 0x48474346
 CONTENT_LOCK_BUCKETS = 256
 MIGRATION_LOCK_TIMEOUT = "60s"
 CLOSE_SECONDS = 5.0
+PLAN_CHUNK = 500
+"""Sends read and staged per round trip while planning a batch."""
 _LEASE_EXPIRED = "lease expired while sending: the request may have left"
 
 
@@ -87,6 +90,7 @@ _COLUMNS = (
     "attempts, lease_owner, lease_expires_at, not_before, next_check_at, created_at, updated_at, "
     "first_sent_at, delivery_state, delivery_at, delivery_checks, delivery_next_check_at, resend_of, resent_as"
 )
+_NAMES = tuple(_COLUMNS.split(", "))
 _SELECT = f"SELECT {_COLUMNS} FROM operations"
 _LIVE_STATES = "('planned', 'ready', 'sending', 'accepted', 'unknown', 'needs_review')"
 _SUPPRESSED = """EXISTS (
@@ -94,28 +98,91 @@ _SUPPRESSED = """EXISTS (
     WHERE s.recipient = ANY (operations.recipient_keys) AND s.channel IN (operations.channel, 'all'))"""
 """True for an operation any of whose recipients opted out of its channel."""
 
-_EXPIRE_LEASES = f"""
-    WITH picked AS MATERIALIZED (
+
+def _literal(text: str) -> str:
+    """One of our own constant texts as an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _expiring(reason: str) -> str:
+    """CTEs that turn `sending` operations whose lease ran out into `unknown`, with their events (`expired`).
+
+    The rows are picked once. (Written as `id IN (subquery)`, PostgreSQL could run the subquery again for
+    every `sending` row: quadratic in the sends in flight, 45 ms for 300 on a 1M-row ledger.) The partial
+    index on `sending` leases makes this one short index probe when nothing is due. The function
+    `hg_begin_send` (migration 0006) runs the same statement.
+    """
+    return f"""
+    expiring AS MATERIALIZED (
         SELECT id FROM operations WHERE state = 'sending' AND lease_expires_at <= {NOW}
         FOR UPDATE SKIP LOCKED),
     expired AS (
         UPDATE operations SET state = 'unknown', updated_at = {NOW}, next_check_at = {NOW}
-        FROM picked WHERE operations.id = picked.id AND operations.state = 'sending'
-        RETURNING operations.id)
-    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
-    SELECT id, {NOW}, 'sending', 'unknown', 'ledger', $1 FROM expired
+        FROM expiring WHERE operations.id = expiring.id AND operations.state = 'sending'
+        RETURNING operations.id),
+    expired_logged AS (
+        INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+        SELECT id, {NOW}, 'sending', 'unknown', 'ledger', {reason} FROM expired)"""
+
+
+_EXPIRE_LEASES = f"WITH {_expiring('$1')} SELECT count(*) FROM expired"
+_BEGIN_SEND = f"""
+    SELECT b.verdict, {", ".join(f"(b.operation).{name}" for name in _NAMES)}
+    FROM hg_begin_send($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) b
 """
-"""The expired leases, picked once. (Written as `id IN (subquery)`, PostgreSQL could run the subquery
-again for every `sending` row: quadratic in the sends in flight, 45 ms for 300 on a 1M-row ledger.)"""
-_LOCK_BY_KEY = f"{_SELECT} WHERE idempotency_key = $1 FOR UPDATE"
-_INSERT_SENDING = f"""
-    INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request,
-        request_fingerprint, content_fingerprint, campaign_id, lead_id, message_id, batch_id, state, attempts,
-        lease_owner, lease_expires_at, created_at, updated_at, first_sent_at)
-    VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12, $13, 'sending', 1,
-        $14, {_later("$15")}, {NOW}, {NOW}, {NOW})
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING {_COLUMNS}
+"""Everything `begin_send` does, in one round trip: see migration 0006 for the statements it runs."""
+_PLAN_STAGE = "hg_plan_stage"
+"""The batch being planned, in a temporary table of the planning transaction (dropped at its end)."""
+_STAGE_COLUMNS = (
+    "position",
+    "id",
+    "idempotency_key",
+    "tool",
+    "channel",
+    "recipients",
+    "recipient_keys",
+    "request",
+    "request_fingerprint",
+    "content_fingerprint",
+    "campaign_id",
+    "lead_id",
+    "message_id",
+    "allow_duplicate",
+)
+_CREATE_STAGE = f"""
+    CREATE TEMPORARY TABLE {_PLAN_STAGE} (
+        position INTEGER NOT NULL, id TEXT NOT NULL, idempotency_key TEXT NOT NULL, tool TEXT NOT NULL,
+        channel TEXT NOT NULL, recipients JSONB NOT NULL, recipient_keys TEXT[] NOT NULL, request TEXT NOT NULL,
+        request_fingerprint TEXT NOT NULL, content_fingerprint TEXT NOT NULL, campaign_id TEXT, lead_id TEXT,
+        message_id TEXT, allow_duplicate BOOLEAN NOT NULL
+    ) ON COMMIT DROP
+"""
+_STAGED_KNOWN_KEYS = f"""
+    SELECT p.position, p.idempotency_key, o.id, count(*) OVER () AS taken
+    FROM {_PLAN_STAGE} p JOIN operations o ON o.idempotency_key = p.idempotency_key
+    ORDER BY p.position LIMIT 10
+"""
+_STAGED_DUPLICATE = f"""
+    SELECT p.position, {", ".join(f"o.{name}" for name in _NAMES)}
+    FROM {_PLAN_STAGE} p
+    JOIN operations o ON o.content_fingerprint = p.content_fingerprint AND o.idempotency_key <> p.idempotency_key
+    WHERE NOT p.allow_duplicate
+      AND o.state IN {_LIVE_STATES} AND o.created_at >= {NOW} - $1::float8 * interval '1 second'
+    ORDER BY p.position, o.created_at DESC
+    LIMIT 1
+"""
+"""The first staged send whose content a live operation under another key already has."""
+_PLAN_STAGED = f"""
+    WITH planned AS (
+        INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request,
+            request_fingerprint, content_fingerprint, campaign_id, lead_id, message_id, batch_id, state,
+            created_at, updated_at)
+        SELECT id, idempotency_key, tool, channel, recipients, recipient_keys, request, request_fingerprint,
+            content_fingerprint, campaign_id, lead_id, message_id, $1, $2, {NOW}, {NOW}
+        FROM {_PLAN_STAGE} ORDER BY position
+        RETURNING id, seq)
+    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+    SELECT id, {NOW}, NULL, $2, $3, $4 FROM planned ORDER BY seq
 """
 _INSERT_PLANNED = f"""
     INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request,
@@ -123,15 +190,9 @@ _INSERT_PLANNED = f"""
         created_at, updated_at)
     VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12, $13, $14, {NOW}, {NOW})
 """
-_CLAIM_READY_BY_KEY = f"""
-    UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = $1,
-        lease_expires_at = {_later("$2")}, updated_at = {NOW}, first_sent_at = COALESCE(first_sent_at, {NOW})
-    WHERE id = $3 AND state = 'ready' AND request_fingerprint = $4
-      AND (not_before IS NULL OR not_before <= {NOW}) AND NOT {_SUPPRESSED}
-    RETURNING {_COLUMNS}
-"""
 _CLAIM_READY = f"""
-    WITH picked AS MATERIALIZED (
+    WITH {_expiring(_literal(_LEASE_EXPIRED))},
+    picked AS MATERIALIZED (
         SELECT id FROM operations
         WHERE state = 'ready' AND ($3::text IS NULL OR batch_id = $3)
           AND (not_before IS NULL OR not_before <= {NOW}) AND NOT {_SUPPRESSED}
@@ -148,6 +209,7 @@ _CLAIM_READY = f"""
         SELECT id, {NOW}, 'ready', 'sending', $1, 'claimed; forwarding' FROM claimed)
     SELECT {_COLUMNS} FROM claimed ORDER BY created_at, seq
 """
+"""Expires the leases that ran out and claims, in one statement: the two touch different rows."""
 _CLAIM_UNKNOWN_SET = f"""
     attempts = attempts + 1, lease_owner = $1, lease_expires_at = {_later("$2")}, updated_at = {NOW}
 """
@@ -173,34 +235,41 @@ _CLAIM_UNKNOWN_BY_ID = f"""
 """
 _LOCK_BY_ID = f"{_SELECT} WHERE id = $1 FOR UPDATE"
 _RECORD = f"""
-    UPDATE operations SET state = $1, provider_id = COALESCE($2, provider_id), result = COALESCE($3::json, result),
-        last_error = COALESCE($4, last_error), review_reason = $5,
-        not_before = {_later("$6")}, next_check_at = {_later("$7")},
-        lease_expires_at = NULL, updated_at = {NOW}
-    WHERE id = $8 AND lease_owner = $9 AND state IN ('sending', 'unknown')
-    RETURNING {_COLUMNS}
+    WITH before AS MATERIALIZED (
+        SELECT id, state FROM operations WHERE id = $8 FOR UPDATE),
+    recorded AS (
+        UPDATE operations SET state = $1, provider_id = COALESCE($2, provider_id),
+            result = COALESCE($3::json, result), last_error = COALESCE($4, last_error), review_reason = $5,
+            not_before = {_later("$6")}, next_check_at = {_later("$7")},
+            lease_expires_at = NULL, updated_at = {NOW}
+        FROM before
+        WHERE operations.id = before.id AND operations.lease_owner = $9
+          AND operations.state IN ('sending', 'unknown')
+        RETURNING operations.*, before.state AS from_state),
+    logged AS (
+        INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+        SELECT id, {NOW}, from_state, $1, $10, $11 FROM recorded)
+    SELECT before.state AS before_state, {", ".join(f"recorded.{name}" for name in _NAMES)}
+    FROM before LEFT JOIN recorded ON true
 """
+"""Fenced on the lease owner; the event names the state the row was in. One row: `before_state` NULL when there
+is no such operation, the other columns NULL when it is not ours to record."""
 _EVENT = f"""
     INSERT INTO events (operation_id, at, from_state, to_state, actor, reason) VALUES ($1, {NOW}, $2, $3, $4, $5)
 """
 _IS_SUPPRESSED = (
     "SELECT EXISTS (SELECT 1 FROM suppressions WHERE recipient = ANY ($1::text[]) AND channel IN ($2, 'all'))"
 )
-_LIVE_DUPLICATE = f"""
-    SELECT wanted.position, {", ".join(f"o.{name}" for name in _COLUMNS.split(", "))}
-    FROM unnest($1::text[], $2::text[], $3::int[]) AS wanted (content_fingerprint, idempotency_key, position)
-    JOIN operations o ON o.content_fingerprint = wanted.content_fingerprint
-        AND o.idempotency_key <> wanted.idempotency_key
-    WHERE o.state IN {_LIVE_STATES} AND o.created_at >= {NOW} - $4::float8 * interval '1 second'
-    ORDER BY wanted.position, o.created_at DESC
-    LIMIT 1
-"""
-"""The first wanted (content, key) that a live operation under another key already has."""
 _LOCK_CONTENT = "SELECT pg_advisory_xact_lock($1, bucket) FROM unnest($2::int[]) AS bucket"
-_CANCEL_SUPPRESSED = f"""
+
+
+def _cancelling(where: str) -> str:
+    """Cancel the unforwarded operations (`planned`, `ready`) matching `where` whose recipients opted out;
+    their ids. $1 is the reason, $2 the actor."""
+    return f"""
     WITH pending AS MATERIALIZED (
         SELECT id, state FROM operations
-        WHERE state IN ('planned', 'ready') AND {_SUPPRESSED}
+        WHERE state IN ('planned', 'ready') AND {where} AND {_SUPPRESSED}
         ORDER BY id
         FOR UPDATE),
     cancelled AS (
@@ -212,6 +281,11 @@ _CANCEL_SUPPRESSED = f"""
         SELECT id, {NOW}, from_state, 'cancelled', $2, $1 FROM cancelled)
     SELECT id FROM cancelled ORDER BY seq
 """
+
+
+_CANCEL_SUPPRESSED = _cancelling("true")
+_CANCEL_SUPPRESSED_IN_BATCH = _cancelling("batch_id = $3")
+"""After planning: the batch's sends to recipients who opted out start `cancelled`."""
 _APPROVE_BATCH = f"""
     WITH approved AS (
         UPDATE operations SET state = 'ready', updated_at = {NOW}
@@ -324,30 +398,32 @@ class PostgresLedger:
     async def begin_send(
         self, intent: Intent, *, owner: str, lease_seconds: float, duplicate_window_seconds: float | None = None
     ) -> Begin:
+        guarded = duplicate_window_seconds is not None and not intent.allow_duplicate
         async with self._write() as db:
-            await _expire(db)
-            existing = await _one(db, _LOCK_BY_KEY, intent.idempotency_key)
-            if existing is None:
-                await _refuse_unsendable(db, intent, duplicate_window_seconds)
-                row = await db.fetchrow(
-                    _INSERT_SENDING, str(uuid.uuid4()), *_intent_values(intent), owner, lease_seconds
-                )
-                if row is not None:
-                    await _event(db, row["id"], None, State.SENDING, owner, "intent recorded; forwarding")
-                    return Begin(_operation(row), claimed=True)
-                existing = await _must_by_key(db, intent.idempotency_key)  # another process inserted it just now
-            row = await db.fetchrow(_CLAIM_READY_BY_KEY, owner, lease_seconds, existing.id, intent.request_fingerprint)
-            if row is not None:
-                await _event(db, existing.id, State.READY, State.SENDING, owner, "claimed; forwarding")
-                return Begin(_operation(row), claimed=True)
-            return Begin(existing, claimed=False)
+            row = await db.fetchrow(
+                _BEGIN_SEND,
+                str(uuid.uuid4()),
+                *_intent_values(intent),
+                owner,
+                lease_seconds,
+                duplicate_window_seconds if guarded else None,
+                CONTENT_LOCK_SPACE,
+                _content_lock(intent),
+                _LEASE_EXPIRED,
+            )
+        verdict = row["verdict"]
+        if verdict == "suppressed":
+            raise policy.suppressed_refusal(intent.recipients, intent.channel)
+        if verdict == "duplicate":
+            raise policy.duplicate_refusal(_operation(row), None)
+        if verdict == "vanished":
+            key = intent.idempotency_key
+            raise LedgerUnavailable(f"the operation under key {key!r} changed while it was being recorded; retry")
+        return Begin(_operation(row), claimed=verdict == "claimed")
 
     async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
         result = json.dumps(outcome.result) if outcome.result is not None else None
         async with self._write() as db:
-            before = await _one(db, _LOCK_BY_ID, operation_id)
-            if before is None:
-                raise _not_found(operation_id)
             row = await db.fetchrow(
                 _RECORD,
                 outcome.state.value,
@@ -359,14 +435,17 @@ class PostgresLedger:
                 outcome.check_after_seconds,
                 operation_id,
                 owner,
+                actor,
+                outcome.reason,
             )
-            if row is None:
-                raise LeaseLost(
-                    f"operation {operation_id} is no longer ours to record (state {before.state.value}, "
-                    f"claimed by another worker); its outcome was not overwritten"
-                )
-            await _event(db, operation_id, before.state, outcome.state, actor, outcome.reason)
-            return _operation(row)
+        if row is None:
+            raise _not_found(operation_id)
+        if row["id"] is None:
+            raise LeaseLost(
+                f"operation {operation_id} is no longer ours to record (state {row['before_state']}, "
+                f"claimed by another worker); its outcome was not overwritten"
+            )
+        return _operation(row)
 
     async def claim_unknown(
         self,
@@ -390,28 +469,36 @@ class PostgresLedger:
         *,
         batch_id: str,
         name: str | None,
-        intents: Sequence[Intent],
+        intents: Iterable[Intent],
         state: State,
         actor: str,
         duplicate_window_seconds: float | None = None,
-    ) -> None:
-        rows = [(str(uuid.uuid4()), intent.model_copy(update={"batch_id": batch_id})) for intent in intents]
-        async with self._write() as db:
+    ) -> int:
+        """One transaction: the sends are staged a chunk at a time in a temporary table (nothing of the ledger
+        is locked while `intents` is read, which may take long and may raise), then checked against the ledger
+        and copied into it with a few statements. Any error anywhere rolls it all back."""
+        async with self._write(shielded=False) as db:
+            await db.execute(_CREATE_STAGE)
+            staged, buckets = 0, set[int]()
+            for chunk in _chunks(intents, PLAN_CHUNK):
+                await db.copy_records_to_table(
+                    _PLAN_STAGE, records=_staged(chunk, first=staged + 1), columns=_STAGE_COLUMNS
+                )
+                buckets.update(_content_lock(intent) for intent in chunk if not intent.allow_duplicate)
+                staged += len(chunk)
             await db.execute(
                 f"INSERT INTO batches (id, name, created_by, created_at) VALUES ($1, $2, $3, {NOW})",
                 batch_id,
                 name,
                 actor,
             )
-            await _refuse_known_keys(db, intents)
-            await _refuse_duplicates(db, intents, duplicate_window_seconds, numbered=True)
-            await db.executemany(
-                _INSERT_PLANNED, [(op_id, *_intent_values(intent), state.value) for op_id, intent in rows]
-            )
-            await db.executemany(
-                _EVENT, [(op_id, None, state.value, actor, f"planned in batch {batch_id}") for op_id, _ in rows]
-            )
-            await db.fetch(_CANCEL_SUPPRESSED, "the recipient opted out before the send", actor)
+            await _refuse_known_keys(db)
+            if duplicate_window_seconds is not None and buckets:
+                await db.execute(_LOCK_CONTENT, CONTENT_LOCK_SPACE, sorted(buckets))
+                await _refuse_duplicates(db, duplicate_window_seconds)
+            await db.execute(_PLAN_STAGED, batch_id, state.value, actor, f"planned in batch {batch_id}")
+            await db.execute(_CANCEL_SUPPRESSED_IN_BATCH, "the recipient opted out before the send", actor, batch_id)
+        return staged
 
     async def approve_batch(self, batch_id: str, *, actor: str) -> int:
         async with self._write() as db:
@@ -422,8 +509,8 @@ class PostgresLedger:
         self, *, owner: str, lease_seconds: float, batch_id: str | None = None, limit: int = 1
     ) -> list[Operation]:
         async with self._write() as db:
-            await _expire(db)
-            return [_operation(row) for row in await db.fetch(_CLAIM_READY, owner, lease_seconds, batch_id, limit)]
+            rows = await db.fetch(_CLAIM_READY, owner, lease_seconds, batch_id, limit)
+        return [_operation(row) for row in rows]
 
     async def batch_status(self, batch_id: str) -> BatchStatus:
         async with self._read() as db:
@@ -642,27 +729,33 @@ class PostgresLedger:
                 await self._pool.close()  # cancelled, it terminates the connections itself
 
     @asynccontextmanager
-    async def _write(self) -> AsyncIterator[asyncpg.Connection]:
+    async def _write(self, *, shielded: bool = True) -> AsyncIterator[asyncpg.Connection]:
         """One transaction on one pooled connection: committed on success, rolled back on any error.
 
         Shielded from cancellation once the connection is ours, up to and including its release: a
         claim committed and then cancelled on its way out would leave operations `sending` that
-        nobody forwards.
+        nobody forwards. Unshielded (planning a batch, which reads its sends while the transaction is
+        open), a cancellation rolls everything back; the commit and the release are still shielded.
         """
         with _mapped(self._where, self._secrets):
             db = await self._pool.acquire()  # cancellable: nothing has started yet
-            with anyio.CancelScope(shield=True):
-                try:
+            try:
+                with anyio.CancelScope(shield=shielded):
                     transaction = db.transaction()
                     await transaction.start()
                     try:
                         yield db
                     except BaseException:
-                        with suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                        with (
+                            anyio.CancelScope(shield=True),
+                            suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError),
+                        ):
                             await transaction.rollback()  # a dead connection is discarded by the pool anyway
                         raise
-                    await transaction.commit()
-                finally:
+                    with anyio.CancelScope(shield=True):
+                        await transaction.commit()
+            finally:
+                with anyio.CancelScope(shield=True):
                     await self._pool.release(db, timeout=RELEASE_SECONDS)  # a dead link is dropped, not awaited
 
     @asynccontextmanager
@@ -703,6 +796,7 @@ async def open_postgres_ledger(
             max_size=max_connections,
             timeout=connect_timeout_seconds,
             command_timeout=command_timeout_seconds,
+            connection_class=_Connection,
             server_settings={
                 "application_name": "hail-guard",
                 "lock_timeout": f"{max(1, int(busy_timeout_seconds * 1000))}ms",
@@ -714,6 +808,18 @@ async def open_postgres_ledger(
     finally:
         with anyio.CancelScope(shield=True):
             await ledger.aclose()
+
+
+class _Connection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is untyped: its classes are Any
+    """A pooled connection that keeps its session when it goes back to the pool.
+
+    hail-guard sets no session state (no `SET`, `LISTEN`, cursors or session advisory locks), and the pool
+    still rolls back any open transaction. The default reset (`RESET ALL`, `UNLISTEN *`, ...) would cost a
+    round trip on every release.
+    """
+
+    def get_reset_query(self) -> str:
+        return ""
 
 
 async def migrate(url: str, *, connect_timeout_seconds: float = 10.0) -> int:
@@ -885,7 +991,8 @@ def _explain(exc: Exception, where: str) -> str:
 
 
 async def _expire(db: asyncpg.Connection) -> int:
-    return _count(await db.execute(_EXPIRE_LEASES, _LEASE_EXPIRED))
+    expired: int = await db.fetchval(_EXPIRE_LEASES, _LEASE_EXPIRED)
+    return expired
 
 
 def _intent_values(intent: Intent) -> tuple[Any, ...]:
@@ -957,46 +1064,37 @@ async def _suppressed(db: asyncpg.Connection, recipients: Sequence[str], channel
     return bool(names) and bool(await db.fetchval(_IS_SUPPRESSED, names, channel))
 
 
-async def _refuse_unsendable(db: asyncpg.Connection, intent: Intent, duplicate_window_seconds: float | None) -> None:
-    """Refuse before recording: an opted-out recipient, or a fresh key for content already sent."""
-    if await _suppressed(db, intent.recipients, intent.channel):
-        raise policy.suppressed_refusal(intent.recipients, intent.channel)
-    await _refuse_duplicates(db, [intent], duplicate_window_seconds, numbered=False)
+def _content_lock(intent: Intent) -> int:
+    """The duplicate guard's advisory lock for this content: one of `CONTENT_LOCK_BUCKETS`."""
+    return zlib.crc32(intent.content_fingerprint.encode()) % CONTENT_LOCK_BUCKETS
 
 
-async def _refuse_duplicates(
-    db: asyncpg.Connection, intents: Sequence[Intent], window_seconds: float | None, *, numbered: bool
-) -> None:
-    """The duplicate guard, under advisory locks on the content so a concurrent new key waits for ours."""
-    if window_seconds is None:
-        return
-    checked = [(n, intent) for n, intent in enumerate(intents, start=1) if not intent.allow_duplicate]
-    if not checked:
-        return
-    buckets = sorted({zlib.crc32(i.content_fingerprint.encode()) % CONTENT_LOCK_BUCKETS for _, i in checked})
-    await db.execute(_LOCK_CONTENT, CONTENT_LOCK_SPACE, buckets)
-    row = await db.fetchrow(
-        _LIVE_DUPLICATE,
-        [i.content_fingerprint for _, i in checked],
-        [i.idempotency_key for _, i in checked],
-        [n for n, _ in checked],
-        window_seconds,
-    )
-    if row is None:
-        return
-    earlier = _operation({name: row[name] for name in _COLUMNS.split(", ")})
-    raise policy.duplicate_refusal(earlier, row["position"] if numbered else None)
+def _chunks(intents: Iterable[Intent], size: int) -> Iterator[list[Intent]]:
+    iterator = iter(intents)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
 
 
-async def _refuse_known_keys(db: asyncpg.Connection, intents: Sequence[Intent]) -> None:
-    positions = {intent.idempotency_key: n for n, intent in enumerate(intents, start=1)}
-    rows = await db.fetch(
-        "SELECT idempotency_key, id FROM operations WHERE idempotency_key = ANY ($1::text[])", list(positions)
-    )
-    taken = sorted((positions[key], key, op_id) for key, op_id in rows)
-    if taken:
-        named = "; ".join(f"send {n} (key {key!r} is operation {op_id})" for n, key, op_id in taken[:10])
-        raise RefusedByPolicy(f"{len(taken)} send(s) already exist in the ledger: {named}; nothing was planned")
+def _staged(chunk: Sequence[Intent], *, first: int) -> list[tuple[Any, ...]]:
+    """Rows of the planning stage (`_STAGE_COLUMNS`), numbered from `first`."""
+    return [
+        (position, str(uuid.uuid4()), *_intent_values(intent)[:-1], intent.allow_duplicate)
+        for position, intent in enumerate(chunk, start=first)
+    ]
+
+
+async def _refuse_known_keys(db: asyncpg.Connection) -> None:
+    rows = await db.fetch(_STAGED_KNOWN_KEYS)
+    if rows:
+        named = "; ".join(f"send {n} (key {key!r} is operation {op_id})" for n, key, op_id, _ in rows)
+        raise RefusedByPolicy(f"{rows[0]['taken']} send(s) already exist in the ledger: {named}; nothing was planned")
+
+
+async def _refuse_duplicates(db: asyncpg.Connection, window_seconds: float) -> None:
+    """The duplicate guard over the staged batch; the caller holds the advisory locks on its contents."""
+    row = await db.fetchrow(_STAGED_DUPLICATE, window_seconds)
+    if row is not None:
+        raise policy.duplicate_refusal(_operation(row), row["position"])
 
 
 async def _must_batch(db: asyncpg.Connection, batch_id: str) -> str | None:
@@ -1010,13 +1108,6 @@ async def _must_batch(db: asyncpg.Connection, batch_id: str) -> str | None:
 async def _one(db: asyncpg.Connection, query: str, *args: Any) -> Operation | None:
     row = await db.fetchrow(query, *args)
     return _operation(row) if row is not None else None
-
-
-async def _must_by_key(db: asyncpg.Connection, key: str) -> Operation:
-    found = await _one(db, _LOCK_BY_KEY, key)
-    if found is None:  # inserted and deleted again between two statements: only a prune could do that
-        raise LedgerUnavailable(f"the operation under key {key!r} changed while it was being recorded; retry")
-    return found
 
 
 def _not_found(operation_id: str) -> NotFound:
@@ -1035,8 +1126,8 @@ def _count(status: str) -> int:
 
 
 def _operation(row: Any) -> Operation:
-    """An operation from a row (an asyncpg Record or a mapping of `_COLUMNS`)."""
-    values = dict(row.items())
+    """An operation from a row (an asyncpg Record, or a mapping) holding `_COLUMNS` and maybe more."""
+    values = {name: row[name] for name in _NAMES}
     values["recipients"] = json.loads(values["recipients"])
     values["result"] = json.loads(values["result"]) if values["result"] is not None else None
     return Operation.model_validate(values)
