@@ -2,6 +2,8 @@
 
 A batch is planned whole or not at all: every send is validated and keyed like a single guarded
 call, then all are recorded in one transaction (`ready`, or `planned` until an operator approves).
+Sends stream from the file through the checks into the ledger, so a batch of any size is never held
+in memory: only each send's key and content fingerprint are kept, to refuse repeats.
 Dispatch reconciles the batch's `unknown` operations first, then claims `ready` ones with bounded
 concurrency; it can be run again at any time and never resends an accepted operation. A worker is
 the same loop, run until stopped, over every batch or one.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,24 +51,30 @@ class Batches:
         self.schema_of = schema_of
         self.require_approval = require_approval
 
-    async def plan(self, sends: Sequence[PlannedSend], *, name: str | None = None, actor: str = "agent") -> str:
+    async def plan(self, sends: Iterable[PlannedSend], *, name: str | None = None, actor: str = "agent") -> str:
         """Record every send as its own operation; nothing is sent. Returns the batch id."""
-        if not sends:
-            raise RefusedByPolicy("the batch has no sends; give at least one {tool, arguments}")
-        intents = [self._intent(send) for send in sends]
-        _refuse_repeats(sends, intents)
         batch_id = f"batch-{uuid.uuid4().hex[:12]}"
         state = State.PLANNED if self.require_approval else State.READY
-        await self.guard.ledger.plan_batch(
+        count = await self.guard.ledger.plan_batch(
             batch_id=batch_id,
             name=name,
-            intents=[intent.model_copy(update={"batch_id": batch_id}) for intent in intents],
+            intents=self._intents(sends),
             state=state,
             actor=actor,
             duplicate_window_seconds=self.guard.duplicate_window_seconds(),
         )
-        log.info("batch_planned", batch_id=batch_id, sends=len(intents), state=state)
+        log.info("batch_planned", batch_id=batch_id, sends=count, state=state)
         return batch_id
+
+    def _intents(self, sends: Iterable[PlannedSend]) -> Iterator[Intent]:
+        """Each send's intent, in order; refused (`RefusedByPolicy`) at the first bad send or repeat."""
+        repeats = _Repeats()
+        for send in sends:
+            intent = self._intent(send)
+            repeats.check(send, intent)
+            yield intent
+        if repeats.empty:
+            raise RefusedByPolicy("the batch has no sends; give at least one {tool, arguments}")
 
     def _intent(self, send: PlannedSend) -> Intent:
         schema = self.schema_of(send.tool)
@@ -153,20 +161,30 @@ async def run_worker(
     return total
 
 
-def _refuse_repeats(sends: Sequence[PlannedSend], intents: Sequence[Intent]) -> None:
+class _Repeats:
     """Two sends in one batch may not share a key, nor (unless allowed) the same content."""
-    for attribute, what in (("idempotency_key", "the same key"), ("content_fingerprint", "the same content")):
-        seen: dict[str, str] = {}
-        for send, intent in zip(sends, intents, strict=True):
-            if attribute == "content_fingerprint" and intent.allow_duplicate:
-                continue
-            value = getattr(intent, attribute)
-            if value in seen:
-                raise RefusedByPolicy(
-                    f"{seen[value]} and {send.where} have {what} ({intent.idempotency_key!r}); "
-                    "nothing was planned. Give each send its own metadata ids or key"
-                )
-            seen[value] = send.where
+
+    def __init__(self) -> None:
+        self._keys: dict[str, str] = {}
+        self._contents: dict[str, str] = {}
+
+    @property
+    def empty(self) -> bool:
+        return not self._keys
+
+    def check(self, send: PlannedSend, intent: Intent) -> None:
+        self._once(self._keys, intent.idempotency_key, send, intent, "the same key")
+        if not intent.allow_duplicate:
+            self._once(self._contents, intent.content_fingerprint, send, intent, "the same content")
+
+    @staticmethod
+    def _once(seen: dict[str, str], value: str, send: PlannedSend, intent: Intent, what: str) -> None:
+        if value in seen:
+            raise RefusedByPolicy(
+                f"{seen[value]} and {send.where} have {what} ({intent.idempotency_key!r}); "
+                "nothing was planned. Give each send its own metadata ids or key"
+            )
+        seen[value] = send.where
 
 
 def sends_from_tool(arguments: Sequence[object]) -> list[PlannedSend]:
@@ -183,36 +201,41 @@ def _planned(item: object, where: str) -> PlannedSend:
     return PlannedSend(item["tool"], dict(arguments), where)
 
 
-def read_batch_file(path: str, schema_of: SchemaOf) -> list[PlannedSend]:
-    """JSON Lines (`{"tool": ..., "arguments": {...}}` per line) or CSV (see the README)."""
+def read_batch_file(path: str, schema_of: SchemaOf) -> Iterator[PlannedSend]:
+    """JSON Lines (`{"tool": ..., "arguments": {...}}` per line) or CSV (see the README), read a line at a time."""
+    if not Path(path).is_file():
+        raise RefusedByPolicy(f"cannot read the batch file {path}: no such file")
+    return _read_sends(path, schema_of)
+
+
+def _read_sends(path: str, schema_of: SchemaOf) -> Iterator[PlannedSend]:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, encoding="utf-8", newline="") as file:
+            if path.lower().endswith(".csv"):
+                yield from _csv_sends(file, schema_of)
+            else:
+                yield from _jsonl_sends(file)
     except (OSError, UnicodeDecodeError) as exc:
-        raise RefusedByPolicy(f"cannot read the batch file {path}: {exc}") from exc
-    if path.lower().endswith(".csv"):
-        return _csv_sends(text, schema_of)
-    return _jsonl_sends(text)
+        raise RefusedByPolicy(f"cannot read the batch file {path}: {exc}; nothing was planned") from exc
 
 
-def _jsonl_sends(text: str) -> list[PlannedSend]:
-    sends = []
-    for number, line in enumerate(text.splitlines(), start=1):
+def _jsonl_sends(lines: Iterable[str]) -> Iterator[PlannedSend]:
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             item = json.loads(line)
         except ValueError as exc:
             raise RefusedByPolicy(f"line {number}: not valid JSON ({exc}); nothing was planned") from None
-        sends.append(_planned(item, f"line {number}"))
-    return sends
+        yield _planned(item, f"line {number}")
 
 
-def _csv_sends(text: str, schema_of: SchemaOf) -> list[PlannedSend]:
-    reader = csv.DictReader(text.splitlines())
+def _csv_sends(lines: Iterable[str], schema_of: SchemaOf) -> Iterator[PlannedSend]:
+    reader = csv.DictReader(lines)
     if reader.fieldnames is None or "tool" not in reader.fieldnames:
         raise RefusedByPolicy("line 1: a CSV batch needs a header row with a `tool` column")
-    sends = []
-    for number, row in enumerate(reader, start=2):
+    for row in reader:
+        number = reader.line_num
         tool = (row.pop("tool") or "").strip()
         properties = (schema_of(tool) or {}).get("properties", {})
         arguments: dict[str, Any] = {}
@@ -223,8 +246,7 @@ def _csv_sends(text: str, schema_of: SchemaOf) -> list[PlannedSend]:
                 _put(arguments, column.split("."), _typed(cell, properties.get(column.split(".")[0], {})))
             except (ValueError, TypeError) as exc:
                 raise RefusedByPolicy(f"line {number}, column {column}: {exc}; nothing was planned") from None
-        sends.append(PlannedSend(tool, arguments, f"line {number}"))
-    return sends
+        yield PlannedSend(tool, arguments, f"line {number}")
 
 
 def _typed(cell: str, schema: Mapping[str, Any]) -> Any:

@@ -210,4 +210,4 @@ def test_malformed_batch_files_name_the_line(tmp_path: Path, name: str, content:
     path = tmp_path / name
     path.write_text(content)
     with pytest.raises(RefusedByPolicy, match=message):
-        read_batch_file(str(path), lambda _: {"properties": {"recipient_consent": {"type": "boolean"}}})
+        list(read_batch_file(str(path), lambda _: {"properties": {"recipient_consent": {"type": "boolean"}}}))

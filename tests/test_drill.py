@@ -244,10 +244,17 @@ def changed_request_not_compared(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def claims_held_operations(monkeypatch: pytest.MonkeyPatch) -> None:
-    """5: claim_ready also takes operations another worker holds (`sending`)."""
-    _replace_sql(monkeypatch, "_CLAIM_READY", "WHERE state = 'ready' AND", "WHERE state IN ('ready', 'sending') AND")
-    unindexed = re.sub(r" INDEXED BY \w+", "", sqlite._CLAIM_READY)  # an index of ready rows cannot serve it
-    monkeypatch.setattr(sqlite, "_CLAIM_READY", unindexed)
+    """5: claim_ready also takes operations another worker holds (`sending`; once each, or the workers
+    could take each send from one another for ever)."""
+    for name in ("_CLAIM_READY_ANY", "_CLAIM_READY_IN_BATCH"):
+        _replace_sql(
+            monkeypatch,
+            name,
+            "WHERE state = 'ready' AND",
+            "WHERE (state = 'ready' OR state = 'sending' AND attempts < 2) AND",
+        )
+        unindexed = re.sub(r" INDEXED BY \w+", "", getattr(sqlite, name))  # an index of ready rows cannot serve it
+        monkeypatch.setattr(sqlite, name, unindexed)
 
 
 def opt_out_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ Leases and deadlines use the database's clock, so several processes agree on the
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -78,12 +78,17 @@ class Ledger(Protocol):
         *,
         batch_id: str,
         name: str | None,
-        intents: Sequence[Intent],
+        intents: Iterable[Intent],
         state: State,
         actor: str,
         duplicate_window_seconds: float | None = None,
-    ) -> None:
-        """Record a whole batch (`planned` or `ready`) or nothing; opted-out recipients start `cancelled`."""
+    ) -> int:
+        """Record a whole batch (`planned` or `ready`) or nothing; returns how many sends it holds.
+
+        `intents` is read once, a chunk at a time (it may be a generator over a large file, and may raise
+        `RefusedByPolicy` part-way: then nothing is planned). Refused when a key is already in the ledger,
+        or when a send repeats the content of a live operation within the duplicate window; sends to
+        opted-out recipients start `cancelled`."""
 
     async def approve_batch(self, batch_id: str, *, actor: str) -> int:
         """`planned` -> `ready` for the batch; returns how many."""

@@ -1,23 +1,27 @@
 """The SQLite ledger: one file, WAL, writes in `BEGIN IMMEDIATE`, the database's clock.
 
-One connection per process, serialised by a lock so a transaction's statements never interleave
-with another task's. Several processes share the file: SQLite's own locking plus a busy timeout.
-Every sqlite3 error is mapped to our tree in `_mapped`, and only there.
+One connection per process. Each ledger operation is one plain function over that connection,
+run whole on a worker thread (`_write` in a transaction, `_read` without): one thread round trip
+per operation, however many statements it runs, and never two at once. Several processes share
+the file: SQLite's own locking plus a busy timeout. Every sqlite3 error is mapped to our tree in
+`_mapped`, and only there.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import os
 import sqlite3
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, closing, contextmanager
 from datetime import UTC, datetime
 from importlib import resources
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-import aiosqlite
 import anyio
 import anyio.to_thread
 
@@ -105,15 +109,18 @@ _CLAIM_READY = f"""
     UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = ?,
         lease_expires_at = {NOW} + ?, updated_at = {NOW}, first_sent_at = COALESCE(first_sent_at, {NOW})
     WHERE id IN (
-        SELECT id FROM operations INDEXED BY operations_ready
-        WHERE state = 'ready' AND (? IS NULL OR batch_id = ?) AND COALESCE(not_before, 0) <= {NOW}
-          AND NOT {_SUPPRESSED}
-        ORDER BY created_at, rowid LIMIT ?)
+        SELECT id FROM operations INDEXED BY {{index}}
+        WHERE state = 'ready' AND {{batch}} AND COALESCE(not_before, 0) <= {NOW} AND NOT {_SUPPRESSED}
+        ORDER BY {{order}} LIMIT ?)
     RETURNING {_COLUMNS}
 """
-"""Walks the ready rows oldest first and stops at the first that may go: without INDEXED BY, SQLite
-(no ANALYZE statistics) picks `operations_by_state`, checks every ready row for opt-outs and sorts
-them all, so a drain of N sends cost O(N^2) (seen by `python -m bench --only drain`)."""
+_CLAIM_READY_ANY = _CLAIM_READY.format(index="operations_ready", batch="? IS NULL", order="created_at, rowid")
+_CLAIM_READY_IN_BATCH = _CLAIM_READY.format(
+    index="operations_ready_by_batch", batch="batch_id = ?", order="batch_id, created_at, rowid"
+)
+"""Walk the ready rows (of one batch, or all) oldest first and stop at the first that may go. Without
+INDEXED BY, SQLite (no ANALYZE statistics) picks `operations_by_state`, checks every ready row for
+opt-outs and sorts them all, so a drain of N sends cost O(N^2) (seen by `python -m bench --only drain`)."""
 _CLAIM_UNKNOWN = f"""
     UPDATE operations SET attempts = attempts + 1, lease_owner = ?, lease_expires_at = {NOW} + ?,
         updated_at = {NOW}
@@ -130,15 +137,17 @@ _CANCEL_SUPPRESSED = f"""
     WHERE state IN ('planned', 'ready') AND {_SUPPRESSED}
     RETURNING id, state
 """
+_LIVE_STATES = "'planned', 'ready', 'sending', 'accepted', 'unknown', 'needs_review'"
+"""States whose content a fresh key may not repeat within the duplicate window."""
 _LIVE_DUPLICATE = f"""
     {_SELECT} WHERE content_fingerprint = ? AND idempotency_key != ?
-      AND state IN ('planned', 'ready', 'sending', 'accepted', 'unknown', 'needs_review')
+      AND state IN ({_LIVE_STATES})
       AND created_at >= {NOW} - ?
     ORDER BY created_at DESC LIMIT 1
 """
 _LEASE_EXPIRED = "lease expired while sending: the request may have left"
 _CHUNK = 500
-"""Bound on the host parameters of one statement."""
+"""Sends staged per round trip while planning a batch."""
 _RECORD = f"""
     UPDATE operations SET state = ?, provider_id = COALESCE(?, provider_id), result = COALESCE(?, result),
         last_error = COALESCE(?, last_error), review_reason = ?,
@@ -203,175 +212,85 @@ _PRUNABLE = """
 """
 
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
 class SqliteLedger:
-    def __init__(self, connection: aiosqlite.Connection, path: str) -> None:
+    def __init__(self, connection: sqlite3.Connection, path: str) -> None:
         self._db = connection
         self._path = path
-        self._lock = anyio.Lock()
+        self._thread = anyio.CapacityLimiter(1)
+        """One call on the connection at a time; a call's statements never interleave with another's."""
 
     async def now(self) -> datetime:
-        async with self._read() as db:
-            row = await (await db.execute(f"SELECT {NOW}")).fetchone()
-        assert row is not None
-        return _time(row[0])
+        return _time(await self._run(_scalar, f"SELECT {NOW}"))
 
     async def begin_send(
         self, intent: Intent, *, owner: str, lease_seconds: float, duplicate_window_seconds: float | None = None
     ) -> Begin:
-        async with self._write() as db:
-            await self._expire(db, _LEASE_EXPIRED)
-            existing = await _one(db, f"{_SELECT} WHERE idempotency_key = ?", (intent.idempotency_key,))
-            if existing is None:
-                await _refuse_unsendable(db, intent, duplicate_window_seconds)
-                operation_id = str(uuid.uuid4())
-                inserted = await db.execute_fetchall(
-                    _INSERT, (operation_id, *_intent_values(intent), owner, lease_seconds)
-                )
-                await _event(db, operation_id, None, State.SENDING, owner, "intent recorded; forwarding")
-                return Begin(_operation(next(iter(inserted))), claimed=True)
-            claimed = await db.execute(
-                _CLAIM_READY_BY_KEY, (owner, lease_seconds, existing.id, intent.request_fingerprint)
-            )
-            if claimed.rowcount == 1:
-                await _event(db, existing.id, State.READY, State.SENDING, owner, "claimed; forwarding")
-                return Begin(await _must(db, existing.id), claimed=True)
-            return Begin(existing, claimed=False)
+        return await self._write(_begin_send, intent, owner, lease_seconds, duplicate_window_seconds)
 
     async def plan_batch(
         self,
         *,
         batch_id: str,
         name: str | None,
-        intents: Sequence[Intent],
+        intents: Iterable[Intent],
         state: State,
         actor: str,
         duplicate_window_seconds: float | None = None,
-    ) -> None:
-        async with self._write() as db:
-            await db.execute(
-                f"INSERT INTO batches (id, name, created_by, created_at) VALUES (?, ?, ?, {NOW})",
-                (batch_id, name, actor),
-            )
-            await _refuse_known_keys(db, intents)
-            for position, intent in enumerate(intents, start=1):
-                await _refuse_unsendable(
-                    db, intent, duplicate_window_seconds, check_suppression=False, position=position
-                )
-            rows = [(str(uuid.uuid4()), intent) for intent in intents]
-            await db.executemany(
-                _INSERT_PLANNED,
-                [
-                    (op_id, *_intent_values(intent.model_copy(update={"batch_id": batch_id})), state.value)
-                    for op_id, intent in rows
-                ],
-            )
-            await db.executemany(
-                f"INSERT INTO events (operation_id, at, from_state, to_state, actor, reason) "
-                f"VALUES (?, {NOW}, NULL, ?, ?, ?)",
-                [(op_id, state.value, actor, f"planned in batch {batch_id}") for op_id, _ in rows],
-            )
-            await self._cancel_suppressed(db, actor, "the recipient opted out before the send")
+    ) -> int:
+        """Staged first, a chunk per round trip, in a temporary table of this connection (writing it takes
+        no lock on the ledger, so other processes keep sending while a large file is read and checked);
+        then checked against the ledger and copied into it in one short transaction."""
+        stage = _Stage(f"plan_{uuid.uuid4().hex}")
+        await self._run(stage.create)
+        try:
+            staged = 0
+            for chunk in _chunks(intents, _CHUNK):
+                await self._run(stage.add, staged, chunk)
+                staged += len(chunk)
+            await self._write(stage.plan, batch_id, name, state, actor, duplicate_window_seconds)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._run(stage.drop)
+        return staged
 
     async def approve_batch(self, batch_id: str, *, actor: str) -> int:
-        async with self._write() as db:
-            await _must_batch(db, batch_id)
-            approved = [
-                row[0]
-                for row in await (
-                    await db.execute(
-                        f"UPDATE operations SET state = 'ready', updated_at = {NOW} "
-                        "WHERE batch_id = ? AND state = 'planned' RETURNING id",
-                        (batch_id,),
-                    )
-                ).fetchall()
-            ]
-            for operation_id in approved:
-                await _event(db, operation_id, State.PLANNED, State.READY, actor, "batch approved")
-            return len(approved)
+        return await self._write(_approve_batch, batch_id, actor)
 
     async def claim_ready(
         self, *, owner: str, lease_seconds: float, batch_id: str | None = None, limit: int = 1
     ) -> list[Operation]:
-        async with self._write() as db:
-            await self._expire(db, _LEASE_EXPIRED)
-            rows = await db.execute_fetchall(_CLAIM_READY, (owner, lease_seconds, batch_id, batch_id, limit))
-            claimed = [_operation(row) for row in rows]
-            for operation in claimed:
-                await _event(db, operation.id, State.READY, State.SENDING, owner, "claimed; forwarding")
-            return claimed
+        return await self._write(_claim_ready, owner, lease_seconds, batch_id, limit)
 
     async def batch_status(self, batch_id: str) -> BatchStatus:
-        async with self._read() as db:
-            name = await _must_batch(db, batch_id)
-            cursor = await db.execute(
-                "SELECT state, COUNT(*) FROM operations WHERE batch_id = ? GROUP BY state", (batch_id,)
-            )
-            counts = {State(row[0]): int(row[1]) for row in await cursor.fetchall()}
-            cursor = await db.execute(
-                f"{_SELECT} WHERE batch_id = ? AND state IN ('sending', 'unknown', 'needs_review') "
-                "ORDER BY created_at LIMIT 100",
-                (batch_id,),
-            )
-            unresolved = [_operation(row) for row in await cursor.fetchall()]
-        return BatchStatus(batch_id=batch_id, name=name, counts=counts, unresolved=unresolved)
+        return await self._run(_batch_status, batch_id)
 
     async def count_by_state(self) -> dict[State, int]:
-        async with self._read() as db:
-            cursor = await db.execute("SELECT state, COUNT(*) FROM operations GROUP BY state")
-            return {State(row[0]): int(row[1]) for row in await cursor.fetchall()}
+        rows = await self._run(_rows, "SELECT state, COUNT(*) FROM operations GROUP BY state")
+        return {State(row[0]): int(row[1]) for row in rows}
 
     async def add_suppression(self, suppression: Suppression, *, actor: str) -> list[str]:
-        async with self._write() as db:
-            return await self._suppress(db, suppression, actor)
-
-    async def _suppress(self, db: aiosqlite.Connection, suppression: Suppression, actor: str) -> list[str]:
-        await db.execute(
-            f"INSERT INTO suppressions (recipient, channel, reason, source, created_at) "
-            f"VALUES (?, ?, ?, ?, {NOW}) ON CONFLICT (recipient, channel) "
-            "DO UPDATE SET reason = excluded.reason, source = excluded.source",
-            (
-                normalise_recipient(suppression.recipient),
-                suppression.channel,
-                suppression.reason,
-                suppression.source,
-            ),
-        )
-        return await self._cancel_suppressed(db, actor, policy.suppression_reason(suppression))
+        return await self._write(_suppress, suppression, actor)
 
     async def remove_suppression(self, recipient: str, channel: str) -> bool:
-        async with self._write() as db:
-            cursor = await db.execute(
-                "DELETE FROM suppressions WHERE recipient = ? AND channel = ?",
-                (normalise_recipient(recipient), channel),
-            )
-            return bool(cursor.rowcount)
+        return await self._write(_remove_suppression, normalise_recipient(recipient), channel)
 
     async def list_suppressions(self) -> list[Suppression]:
-        async with self._read() as db:
-            cursor = await db.execute(
-                "SELECT recipient, channel, reason, source, created_at FROM suppressions ORDER BY created_at"
-            )
-            return [
-                Suppression(recipient=r[0], channel=r[1], reason=r[2], source=r[3], created_at=_time(r[4]))
-                for r in await cursor.fetchall()
-            ]
+        rows = await self._run(
+            _rows, "SELECT recipient, channel, reason, source, created_at FROM suppressions ORDER BY created_at"
+        )
+        return [
+            Suppression(recipient=r[0], channel=r[1], reason=r[2], source=r[3], created_at=_time(r[4])) for r in rows
+        ]
 
     async def is_suppressed(self, recipients: Sequence[str], channel: str) -> bool:
-        async with self._read() as db:
-            return await _suppressed(db, recipients, channel)
+        return await self._run(_suppressed, recipients, channel)
 
     async def observe_tools(self, fingerprints: Mapping[str, str]) -> list[ToolPin]:
-        async with self._write() as db:
-            await db.executemany(
-                f"""INSERT INTO upstream_tools (name, fingerprint, accepted_fingerprint, first_seen_at)
-                    VALUES (?, ?, ?, {NOW})
-                    ON CONFLICT (name) DO UPDATE SET
-                        changed_at = CASE WHEN excluded.fingerprint = upstream_tools.fingerprint
-                                          THEN upstream_tools.changed_at ELSE {NOW} END,
-                        fingerprint = excluded.fingerprint""",
-                [(name, fp, fp) for name, fp in fingerprints.items()],
-            )
-            return await _tool_pins(db)
+        return await self._write(_observe_tools, dict(fingerprints))
 
     async def accept_tools(self, names: Sequence[str] | None = None) -> list[str]:
         query = (
@@ -381,57 +300,18 @@ class SqliteLedger:
         params = list(names or ())
         if names is not None:
             query += f" AND name IN ({', '.join('?' for _ in params)})"
-        async with self._write() as db:
-            cursor = await db.execute(f"{query} RETURNING name", params)
-            return sorted(row[0] for row in await cursor.fetchall())
+        rows = await self._write(_rows, f"{query} RETURNING name", params)
+        return sorted(row[0] for row in rows)
 
     async def tool_pins(self) -> list[ToolPin]:
-        async with self._read() as db:
-            return await _tool_pins(db)
+        return await self._run(_tool_pins)
 
     async def oldest(self, state: State) -> Operation | None:
-        async with self._read() as db:
-            return await _one(db, f"{_SELECT} WHERE state = ? ORDER BY created_at, rowid LIMIT 1", (state.value,))
-
-    async def _cancel_suppressed(self, db: aiosqlite.Connection, actor: str, reason: str) -> list[str]:
-        pending = await (
-            await db.execute(f"SELECT id, state FROM operations WHERE state IN ('planned', 'ready') AND {_SUPPRESSED}")
-        ).fetchall()
-        if not pending:
-            return []
-        await db.execute(_CANCEL_SUPPRESSED, (reason,))
-        for operation_id, state in pending:
-            await _event(db, operation_id, State(state), State.CANCELLED, actor, reason)
-        return [row[0] for row in pending]
+        query = f"{_SELECT} WHERE state = ? ORDER BY created_at, rowid LIMIT 1"
+        return await self._run(_one, query, (state.value,))
 
     async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
-        result = json.dumps(outcome.result) if outcome.result is not None else None
-        async with self._write() as db:
-            before = await _must(db, operation_id)
-            updated = await db.execute_fetchall(  # one round trip to the connection's thread
-                _RECORD,
-                (
-                    outcome.state.value,
-                    outcome.provider_id,
-                    result,
-                    outcome.error,
-                    outcome.review_reason,
-                    outcome.not_before_seconds,
-                    outcome.not_before_seconds,
-                    outcome.check_after_seconds,
-                    outcome.check_after_seconds,
-                    operation_id,
-                    owner,
-                ),
-            )
-            recorded = list(updated)
-            if len(recorded) != 1:
-                raise LeaseLost(
-                    f"operation {operation_id} is no longer ours to record (state {before.state.value}, "
-                    f"claimed by another worker); its outcome was not overwritten"
-                )
-            await _event(db, operation_id, before.state, outcome.state, actor, outcome.reason)
-            return _operation(recorded[0])
+        return await self._write(_record_outcome, operation_id, owner, outcome, actor)
 
     async def claim_unknown(
         self,
@@ -442,21 +322,14 @@ class SqliteLedger:
         batch_id: str | None = None,
         limit: int = 100,
     ) -> list[Operation]:
-        async with self._write() as db:
-            await self._expire(db, _LEASE_EXPIRED)
-            rows = await db.execute_fetchall(
-                _CLAIM_UNKNOWN,
-                (owner, lease_seconds, batch_id, batch_id, operation_id, operation_id, operation_id, limit),
-            )
-            return [_operation(row) for row in rows]
+        params = (owner, lease_seconds, batch_id, batch_id, operation_id, operation_id, operation_id, limit)
+        return await self._write(_claim_unknown, params)
 
     async def get(self, operation_id: str) -> Operation:
-        async with self._read() as db:
-            return await _must(db, operation_id)
+        return await self._run(_must, operation_id)
 
     async def find_by_key(self, idempotency_key: str) -> Operation | None:
-        async with self._read() as db:
-            return await _one(db, f"{_SELECT} WHERE idempotency_key = ?", (idempotency_key,))
+        return await self._run(_one, f"{_SELECT} WHERE idempotency_key = ?", (idempotency_key,))
 
     async def list_operations(
         self,
@@ -474,32 +347,30 @@ class SqliteLedger:
         after = since.timestamp() if since is not None else None
         filters = (state_value, campaign_id, batch_id, wanted, after, before)
         params = [value for value in filters for _ in range(2)]
-        async with self._read() as db:
-            cursor = await db.execute(_LIST_OPERATIONS, (*params, limit))
-            return [_operation(row) for row in await cursor.fetchall()]
+        rows = await self._run(_rows, _LIST_OPERATIONS, (*params, limit))
+        return [_operation(row) for row in rows]
 
     async def events(self, operation_id: str) -> list[Event]:
-        async with self._read() as db:
-            cursor = await db.execute(
-                "SELECT operation_id, at, from_state, to_state, actor, reason FROM events "
-                "WHERE operation_id = ? ORDER BY id",
-                (operation_id,),
+        rows = await self._run(
+            _rows,
+            "SELECT operation_id, at, from_state, to_state, actor, reason FROM events WHERE operation_id = ? "
+            "ORDER BY id",
+            (operation_id,),
+        )
+        return [
+            Event(
+                operation_id=r[0],
+                at=_time(r[1]),
+                from_state=State(r[2]) if r[2] else None,
+                to_state=State(r[3]),
+                actor=r[4],
+                reason=r[5],
             )
-            return [
-                Event(
-                    operation_id=r[0],
-                    at=_time(r[1]),
-                    from_state=State(r[2]) if r[2] else None,
-                    to_state=State(r[3]),
-                    actor=r[4],
-                    reason=r[5],
-                )
-                for r in await cursor.fetchall()
-            ]
+            for r in rows
+        ]
 
     async def expire_leases(self) -> int:
-        async with self._write() as db:
-            return await self._expire(db, _LEASE_EXPIRED)
+        return await self._write(_expire)
 
     async def record_delivery(
         self,
@@ -508,182 +379,436 @@ class SqliteLedger:
         *,
         next_check_seconds: float | None = None,
     ) -> Operation:
-        async with self._write() as db:
-            await _apply_delivery(db, await _must(db, operation_id), observations, next_check_seconds)
-            return await _must(db, operation_id)
+        return await self._write(_record_delivery, operation_id, list(observations), next_check_seconds)
 
     async def claim_delivery_checks(
         self, *, channels: Sequence[str], max_age_seconds: float, hold_seconds: float, limit: int = 50
     ) -> list[Operation]:
         settled = json.dumps(sorted(state.value for state in delivery.SETTLED))
         params = (hold_seconds, json.dumps(list(channels)), settled, max_age_seconds, limit)
-        async with self._write() as db:
-            cursor = await db.execute(_CLAIM_DELIVERY_CHECKS, params)
-            return [_operation(row) for row in await cursor.fetchall()]
+        rows = await self._write(_rows, _CLAIM_DELIVERY_CHECKS, params)
+        return [_operation(row) for row in rows]
 
     async def delivery_events(self, operation_id: str) -> list[DeliveryEvent]:
-        async with self._read() as db:
-            cursor = await db.execute(
-                "SELECT operation_id, state, occurred_at, recorded_at, source, detail FROM delivery_events "
-                "WHERE operation_id = ? ORDER BY id",
-                (operation_id,),
+        rows = await self._run(
+            _rows,
+            "SELECT operation_id, state, occurred_at, recorded_at, source, detail FROM delivery_events "
+            "WHERE operation_id = ? ORDER BY id",
+            (operation_id,),
+        )
+        return [
+            DeliveryEvent(
+                operation_id=r[0],
+                state=DeliveryState(r[1]),
+                occurred_at=_time(r[2]) if r[2] is not None else None,
+                recorded_at=_time(r[3]),
+                source=r[4],
+                detail=r[5],
             )
-            return [
-                DeliveryEvent(
-                    operation_id=r[0],
-                    state=DeliveryState(r[1]),
-                    occurred_at=_time(r[2]) if r[2] is not None else None,
-                    recorded_at=_time(r[3]),
-                    source=r[4],
-                    detail=r[5],
-                )
-                for r in await cursor.fetchall()
-            ]
+            for r in rows
+        ]
 
     async def record_webhook(self, webhook: Webhook) -> WebhookOutcome:
-        async with self._write() as db:
-            if await _exists(db, "SELECT 1 FROM webhook_deliveries WHERE signature = ?", webhook.signature):
-                return WebhookOutcome.REPLAYED
-            if await _exists(db, "SELECT 1 FROM webhook_deliveries WHERE delivery_id = ?", webhook.delivery_id):
-                return WebhookOutcome.DUPLICATE
-            outcome, operation_id = await self._apply_webhook(db, webhook)
-            await db.execute(
-                _RECORD_WEBHOOK,
-                (
-                    webhook.delivery_id,
-                    webhook.signature,
-                    webhook.event_type,
-                    webhook.provider_id,
-                    operation_id,
-                    outcome.value,
-                    webhook.payload,
-                ),
-            )
-            return outcome
-
-    async def _apply_webhook(self, db: aiosqlite.Connection, webhook: Webhook) -> tuple[WebhookOutcome, str | None]:
-        if webhook.opt_out is not None:
-            await self._suppress(db, webhook.opt_out, "webhook")
-            return WebhookOutcome.OPTED_OUT, None
-        if webhook.observation is None or webhook.provider_id is None:
-            return WebhookOutcome.IGNORED, None
-        operation = await _one(
-            db, f"{_SELECT} WHERE provider_id = ? ORDER BY created_at DESC LIMIT 1", (webhook.provider_id,)
-        )
-        if operation is None:
-            return WebhookOutcome.UNKNOWN_OPERATION, None
-        await _apply_delivery(db, operation, [webhook.observation], None)
-        return WebhookOutcome.APPLIED, operation.id
+        return await self._write(_record_webhook, webhook)
 
     async def resolve_review(
         self, operation_id: str, *, state: State, reason: str, actor: str, provider_id: str | None = None
     ) -> Operation:
         policy.check_review_decision(state, reason, provider_id)
-        why = policy.review_decision_text(state, reason, provider_id)
-        async with self._write() as db:
-            before = await _must(db, operation_id)
-            if before.state is not State.NEEDS_REVIEW:
-                raise policy.not_in_review(before, "resolved")
-            cancel_reason = why if state is State.CANCELLED else None
-            last_error = why if state is State.FAILED else None
-            await db.execute(_RESOLVE_REVIEW, (state.value, provider_id, cancel_reason, last_error, operation_id))
-            await _event(db, operation_id, State.NEEDS_REVIEW, state, actor, why)
-            return await _must(db, operation_id)
+        return await self._write(_resolve_review, operation_id, state, reason, actor, provider_id)
 
     async def resend(self, operation_id: str, intent: Intent, *, reason: str, actor: str) -> Operation:
         policy.check_review_decision(State.CANCELLED, reason)
-        async with self._write() as db:
-            old = await _must(db, operation_id)
-            if old.state is not State.NEEDS_REVIEW:
-                raise policy.not_in_review(old, "resent")
-            if await _suppressed(db, intent.recipients, intent.channel):
-                raise policy.suppressed_refusal(intent.recipients, intent.channel)
-            taken = await _one(db, f"{_SELECT} WHERE idempotency_key = ?", (intent.idempotency_key,))
-            if taken is not None:
-                raise policy.resend_key_taken(intent.idempotency_key, taken)
-            new_id = str(uuid.uuid4())
-            texts = policy.resend_texts(old.id, new_id, reason)
-            await db.execute(_INSERT_PLANNED, (new_id, *_intent_values(intent), State.READY.value))
-            await db.execute("UPDATE operations SET resend_of = ? WHERE id = ?", (old.id, new_id))
-            await _event(db, new_id, None, State.READY, actor, texts.new_event)
-            await db.execute(_SUPERSEDE, (texts.cancel_reason, new_id, old.id))
-            await _event(db, old.id, State.NEEDS_REVIEW, State.CANCELLED, actor, texts.old_event)
-            return await _must(db, new_id)
+        return await self._write(_resend, operation_id, intent, reason, actor)
 
     async def prune(self, *, older_than_seconds: float) -> PruneReport:
         if not older_than_seconds > 0:
             raise RefusedByPolicy("prune needs a positive age; nothing was removed")
-        resolved = json.dumps(sorted(state.value for state in TERMINAL_STATES))
-        webhook_age = max(older_than_seconds, policy.WEBHOOK_DEDUPE_SECONDS)
-        async with self._write() as db:
-            row = await (await db.execute(f"SELECT {NOW} - ?", (older_than_seconds,))).fetchone()
-            assert row is not None
-            which = (resolved, row[0], row[0])
-            events = (await db.execute(f"DELETE FROM events WHERE operation_id IN ({_PRUNABLE})", which)).rowcount
-            await db.execute(f"DELETE FROM delivery_events WHERE operation_id IN ({_PRUNABLE})", which)
-            operations = (await db.execute(f"DELETE FROM operations WHERE id IN ({_PRUNABLE})", which)).rowcount
-            hooks = await db.execute(f"DELETE FROM webhook_deliveries WHERE received_at < {NOW} - ?", (webhook_age,))
-            return PruneReport(operations=operations, events=events, webhook_deliveries=hooks.rowcount)
+        return await self._write(_prune, older_than_seconds)
 
     async def backup(self, path: str) -> int:
         with _mapped(path):
             return await anyio.to_thread.run_sync(_backup_file, self._path, path)
 
     async def aclose(self) -> None:
-        with _mapped(self._path):
-            await self._db.close()
+        await self._run(sqlite3.Connection.close)
 
-    async def _expire(self, db: aiosqlite.Connection, reason: str) -> int:
-        expired = [row[0] for row in await db.execute_fetchall(_EXPIRE_LEASES)]
-        for operation_id in expired:
-            await _event(db, operation_id, State.SENDING, State.UNKNOWN, "ledger", reason)
-        return len(expired)
+    async def _write(
+        self, work: Callable[Concatenate[sqlite3.Connection, _P], _T], *args: _P.args, **kwargs: _P.kwargs
+    ) -> _T:
+        """`work` as one `BEGIN IMMEDIATE` transaction: committed if it returns, rolled back if it raises."""
+        return await self._run(_transaction, lambda db: work(db, *args, **kwargs))
 
-    @asynccontextmanager
-    async def _write(self) -> AsyncIterator[aiosqlite.Connection]:
-        """One `BEGIN IMMEDIATE` transaction, committed on success, rolled back on any error.
+    async def _run(
+        self, work: Callable[Concatenate[sqlite3.Connection, _P], _T], *args: _P.args, **kwargs: _P.kwargs
+    ) -> _T:
+        """`work(connection, ...)` whole on the connection's thread: one round trip.
 
-        Shielded from cancellation: a transaction is short, and one abandoned half-way would leave
-        the connection inside it.
+        A call that has started is never abandoned (to_thread does not abandon it on cancellation):
+        it is short, and one left half-way would leave the connection inside a transaction.
         """
-        async with self._lock:
-            with _mapped(self._path), anyio.CancelScope(shield=True):
-                await self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                except BaseException:
-                    await self._db.rollback()
-                    raise
-                await self._db.commit()
+        with _mapped(self._path):
+            return await anyio.to_thread.run_sync(
+                functools.partial(work, self._db, *args, **kwargs), limiter=self._thread
+            )
 
-    @asynccontextmanager
-    async def _read(self) -> AsyncIterator[aiosqlite.Connection]:
-        async with self._lock:
-            with _mapped(self._path):
-                yield self._db
+
+def _transaction(db: sqlite3.Connection, work: Callable[[sqlite3.Connection], _T]) -> _T:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        result = work(db)
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    return result
 
 
 @asynccontextmanager
 async def open_sqlite_ledger(path: str, *, busy_timeout_seconds: float = 5.0) -> AsyncIterator[SqliteLedger]:
     """Open the file (created 0600 with its folder), switch on WAL and migrate it."""
     with _mapped(path):
-        _create_private(path)
-        refuse_network_filesystem(path)
-        connection = await aiosqlite.connect(path, isolation_level=None)
+        connection = await anyio.to_thread.run_sync(_connect, path, busy_timeout_seconds)
     ledger = SqliteLedger(connection, path)
     try:
-        with _mapped(path):
-            await connection.execute(f"PRAGMA busy_timeout = {int(busy_timeout_seconds * 1000)}")
-            # Opt-outs compare recipients exactly as Python normalises them (Unicode case included).
-            await connection.create_function("hg_normalise", 1, normalise_recipient, deterministic=True)
-            await _switch_to_wal(connection, busy_timeout_seconds)
-            await connection.execute("PRAGMA synchronous = NORMAL")
-            await connection.execute("PRAGMA foreign_keys = ON")
-            await _migrate(connection, path)
+        await ledger._run(_prepare, path, busy_timeout_seconds)
         yield ledger
     finally:
         with anyio.CancelScope(shield=True):
             await ledger.aclose()
+
+
+def _connect(path: str, busy_timeout_seconds: float) -> sqlite3.Connection:
+    _create_private(path)
+    refuse_network_filesystem(path)
+    # Autocommit: transactions are ours (`_transaction`). Used by one thread at a time (the limiter).
+    return sqlite3.connect(path, timeout=busy_timeout_seconds, isolation_level=None, check_same_thread=False)
+
+
+def _prepare(db: sqlite3.Connection, path: str, busy_timeout_seconds: float) -> None:
+    db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_seconds * 1000)}")
+    # Opt-outs compare recipients exactly as Python normalises them (Unicode case included).
+    db.create_function("hg_normalise", 1, normalise_recipient, deterministic=True)
+    _switch_to_wal(db, busy_timeout_seconds)
+    db.execute("PRAGMA synchronous = NORMAL")
+    db.execute("PRAGMA foreign_keys = ON")
+    _migrate(db, path)
+
+
+def _begin_send(
+    db: sqlite3.Connection, intent: Intent, owner: str, lease_seconds: float, duplicate_window_seconds: float | None
+) -> Begin:
+    _expire(db)
+    existing = _one(db, f"{_SELECT} WHERE idempotency_key = ?", (intent.idempotency_key,))
+    if existing is None:
+        _refuse_unsendable(db, intent, duplicate_window_seconds)
+        operation_id = str(uuid.uuid4())
+        inserted = db.execute(_INSERT, (operation_id, *_intent_values(intent), owner, lease_seconds)).fetchone()
+        _event(db, operation_id, None, State.SENDING, owner, "intent recorded; forwarding")
+        return Begin(_operation(inserted), claimed=True)
+    claimed = db.execute(_CLAIM_READY_BY_KEY, (owner, lease_seconds, existing.id, intent.request_fingerprint))
+    if claimed.rowcount == 1:
+        _event(db, existing.id, State.READY, State.SENDING, owner, "claimed; forwarding")
+        return Begin(_must(db, existing.id), claimed=True)
+    return Begin(existing, claimed=False)
+
+
+def _record_outcome(db: sqlite3.Connection, operation_id: str, owner: str, outcome: Outcome, actor: str) -> Operation:
+    before = _must(db, operation_id)
+    result = json.dumps(outcome.result) if outcome.result is not None else None
+    recorded = db.execute(
+        _RECORD,
+        (
+            outcome.state.value,
+            outcome.provider_id,
+            result,
+            outcome.error,
+            outcome.review_reason,
+            outcome.not_before_seconds,
+            outcome.not_before_seconds,
+            outcome.check_after_seconds,
+            outcome.check_after_seconds,
+            operation_id,
+            owner,
+        ),
+    ).fetchall()
+    if len(recorded) != 1:
+        raise LeaseLost(
+            f"operation {operation_id} is no longer ours to record (state {before.state.value}, "
+            f"claimed by another worker); its outcome was not overwritten"
+        )
+    _event(db, operation_id, before.state, outcome.state, actor, outcome.reason)
+    return _operation(recorded[0])
+
+
+def _claim_ready(
+    db: sqlite3.Connection, owner: str, lease_seconds: float, batch_id: str | None, limit: int
+) -> list[Operation]:
+    _expire(db)
+    query = _CLAIM_READY_ANY if batch_id is None else _CLAIM_READY_IN_BATCH
+    claimed = [_operation(row) for row in db.execute(query, (owner, lease_seconds, batch_id, limit))]
+    for operation in claimed:
+        _event(db, operation.id, State.READY, State.SENDING, owner, "claimed; forwarding")
+    return claimed
+
+
+def _claim_unknown(db: sqlite3.Connection, params: Sequence[Any]) -> list[Operation]:
+    _expire(db)
+    return [_operation(row) for row in db.execute(_CLAIM_UNKNOWN, params)]
+
+
+def _expire(db: sqlite3.Connection) -> int:
+    expired = [row[0] for row in db.execute(_EXPIRE_LEASES).fetchall()]
+    for operation_id in expired:
+        _event(db, operation_id, State.SENDING, State.UNKNOWN, "ledger", _LEASE_EXPIRED)
+    return len(expired)
+
+
+class _Stage:
+    """A batch being planned: its sends in a temporary table, then into the ledger in one transaction."""
+
+    def __init__(self, table: str) -> None:
+        self.table = f'temp."{table}"'
+
+    def create(self, db: sqlite3.Connection) -> None:
+        db.execute(
+            f"""CREATE TABLE {self.table} (
+                position INTEGER PRIMARY KEY, id TEXT NOT NULL, idempotency_key TEXT NOT NULL, tool TEXT NOT NULL,
+                channel TEXT NOT NULL, recipients TEXT NOT NULL, request TEXT NOT NULL,
+                request_fingerprint TEXT NOT NULL, content_fingerprint TEXT NOT NULL, campaign_id TEXT,
+                lead_id TEXT, message_id TEXT, allow_duplicate INTEGER NOT NULL)"""
+        )
+
+    def add(self, db: sqlite3.Connection, staged: int, intents: Sequence[Intent]) -> None:
+        db.executemany(
+            f"INSERT INTO {self.table} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (position, str(uuid.uuid4()), *_intent_values(intent)[:-1], intent.allow_duplicate)
+                for position, intent in enumerate(intents, start=staged + 1)
+            ],
+        )
+
+    def plan(
+        self,
+        db: sqlite3.Connection,
+        batch_id: str,
+        name: str | None,
+        state: State,
+        actor: str,
+        duplicate_window_seconds: float | None,
+    ) -> None:
+        db.execute(
+            f"INSERT INTO batches (id, name, created_by, created_at) VALUES (?, ?, ?, {NOW})", (batch_id, name, actor)
+        )
+        self._refuse_known_keys(db)
+        if duplicate_window_seconds is not None:
+            self._refuse_duplicates(db, duplicate_window_seconds)
+        db.execute(
+            f"""INSERT INTO operations (id, idempotency_key, tool, channel, recipients, request, request_fingerprint,
+                    content_fingerprint, campaign_id, lead_id, message_id, batch_id, state, created_at, updated_at)
+                SELECT id, idempotency_key, tool, channel, recipients, request, request_fingerprint,
+                    content_fingerprint, campaign_id, lead_id, message_id, ?, ?, {NOW}, {NOW}
+                FROM {self.table} ORDER BY position""",
+            (batch_id, state.value),
+        )
+        db.execute(
+            f"""INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+                SELECT id, {NOW}, NULL, ?, ?, ? FROM {self.table} ORDER BY position""",
+            (state.value, actor, f"planned in batch {batch_id}"),
+        )
+        _cancel_suppressed(db, actor, "the recipient opted out before the send")
+
+    def drop(self, db: sqlite3.Connection) -> None:
+        db.execute(f"DROP TABLE IF EXISTS {self.table}")
+
+    def _refuse_known_keys(self, db: sqlite3.Connection) -> None:
+        taken = [
+            f"send {position} (key {key!r} is operation {operation_id})"
+            for position, key, operation_id in db.execute(
+                f"SELECT p.position, p.idempotency_key, o.id FROM {self.table} p "
+                "JOIN operations o ON o.idempotency_key = p.idempotency_key ORDER BY p.position"
+            )
+        ]
+        if taken:
+            raise RefusedByPolicy(
+                f"{len(taken)} send(s) already exist in the ledger: {'; '.join(taken[:10])}; nothing was planned"
+            )
+
+    def _refuse_duplicates(self, db: sqlite3.Connection, window_seconds: float) -> None:
+        row = db.execute(
+            f"""SELECT p.position, {", ".join(f"o.{column}" for column in _COLUMNS.split(", "))}
+                FROM {self.table} p JOIN operations o ON o.content_fingerprint = p.content_fingerprint
+                WHERE NOT p.allow_duplicate AND o.idempotency_key != p.idempotency_key
+                  AND o.state IN ({_LIVE_STATES}) AND o.created_at >= {NOW} - ?
+                ORDER BY p.position LIMIT 1""",
+            (window_seconds,),
+        ).fetchone()
+        if row is not None:
+            raise policy.duplicate_refusal(_operation(row[1:]), row[0])
+
+
+def _chunks(items: Iterable[Intent], size: int) -> Iterator[list[Intent]]:
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+def _approve_batch(db: sqlite3.Connection, batch_id: str, actor: str) -> int:
+    _must_batch(db, batch_id)
+    approved = db.execute(
+        f"UPDATE operations SET state = 'ready', updated_at = {NOW} WHERE batch_id = ? AND state = 'planned' "
+        "RETURNING id",
+        (batch_id,),
+    ).fetchall()
+    for (operation_id,) in approved:
+        _event(db, operation_id, State.PLANNED, State.READY, actor, "batch approved")
+    return len(approved)
+
+
+def _batch_status(db: sqlite3.Connection, batch_id: str) -> BatchStatus:
+    name = _must_batch(db, batch_id)
+    counts = {
+        State(state): int(count)
+        for state, count in db.execute(
+            "SELECT state, COUNT(*) FROM operations WHERE batch_id = ? GROUP BY state", (batch_id,)
+        )
+    }
+    unresolved = db.execute(
+        f"{_SELECT} WHERE batch_id = ? AND state IN ('sending', 'unknown', 'needs_review') "
+        "ORDER BY created_at LIMIT 100",
+        (batch_id,),
+    )
+    return BatchStatus(batch_id=batch_id, name=name, counts=counts, unresolved=[_operation(r) for r in unresolved])
+
+
+def _suppress(db: sqlite3.Connection, suppression: Suppression, actor: str) -> list[str]:
+    db.execute(
+        f"INSERT INTO suppressions (recipient, channel, reason, source, created_at) "
+        f"VALUES (?, ?, ?, ?, {NOW}) ON CONFLICT (recipient, channel) "
+        "DO UPDATE SET reason = excluded.reason, source = excluded.source",
+        (normalise_recipient(suppression.recipient), suppression.channel, suppression.reason, suppression.source),
+    )
+    return _cancel_suppressed(db, actor, policy.suppression_reason(suppression))
+
+
+def _remove_suppression(db: sqlite3.Connection, recipient: str, channel: str) -> bool:
+    removed = db.execute("DELETE FROM suppressions WHERE recipient = ? AND channel = ?", (recipient, channel))
+    return bool(removed.rowcount)
+
+
+def _cancel_suppressed(db: sqlite3.Connection, actor: str, reason: str) -> list[str]:
+    pending = db.execute(
+        f"SELECT id, state FROM operations WHERE state IN ('planned', 'ready') AND {_SUPPRESSED}"
+    ).fetchall()
+    if not pending:
+        return []
+    db.execute(_CANCEL_SUPPRESSED, (reason,))
+    for operation_id, state in pending:
+        _event(db, operation_id, State(state), State.CANCELLED, actor, reason)
+    return [row[0] for row in pending]
+
+
+def _observe_tools(db: sqlite3.Connection, fingerprints: dict[str, str]) -> list[ToolPin]:
+    db.executemany(
+        f"""INSERT INTO upstream_tools (name, fingerprint, accepted_fingerprint, first_seen_at)
+            VALUES (?, ?, ?, {NOW})
+            ON CONFLICT (name) DO UPDATE SET
+                changed_at = CASE WHEN excluded.fingerprint = upstream_tools.fingerprint
+                                  THEN upstream_tools.changed_at ELSE {NOW} END,
+                fingerprint = excluded.fingerprint""",
+        [(name, fp, fp) for name, fp in fingerprints.items()],
+    )
+    return _tool_pins(db)
+
+
+def _record_delivery(
+    db: sqlite3.Connection,
+    operation_id: str,
+    observations: Sequence[DeliveryObservation],
+    next_check_seconds: float | None,
+) -> Operation:
+    _apply_delivery(db, _must(db, operation_id), observations, next_check_seconds)
+    return _must(db, operation_id)
+
+
+def _record_webhook(db: sqlite3.Connection, webhook: Webhook) -> WebhookOutcome:
+    if _exists(db, "SELECT 1 FROM webhook_deliveries WHERE signature = ?", webhook.signature):
+        return WebhookOutcome.REPLAYED
+    if _exists(db, "SELECT 1 FROM webhook_deliveries WHERE delivery_id = ?", webhook.delivery_id):
+        return WebhookOutcome.DUPLICATE
+    outcome, operation_id = _apply_webhook(db, webhook)
+    db.execute(
+        _RECORD_WEBHOOK,
+        (
+            webhook.delivery_id,
+            webhook.signature,
+            webhook.event_type,
+            webhook.provider_id,
+            operation_id,
+            outcome.value,
+            webhook.payload,
+        ),
+    )
+    return outcome
+
+
+def _apply_webhook(db: sqlite3.Connection, webhook: Webhook) -> tuple[WebhookOutcome, str | None]:
+    if webhook.opt_out is not None:
+        _suppress(db, webhook.opt_out, "webhook")
+        return WebhookOutcome.OPTED_OUT, None
+    if webhook.observation is None or webhook.provider_id is None:
+        return WebhookOutcome.IGNORED, None
+    operation = _one(db, f"{_SELECT} WHERE provider_id = ? ORDER BY created_at DESC LIMIT 1", (webhook.provider_id,))
+    if operation is None:
+        return WebhookOutcome.UNKNOWN_OPERATION, None
+    _apply_delivery(db, operation, [webhook.observation], None)
+    return WebhookOutcome.APPLIED, operation.id
+
+
+def _resolve_review(
+    db: sqlite3.Connection, operation_id: str, state: State, reason: str, actor: str, provider_id: str | None
+) -> Operation:
+    why = policy.review_decision_text(state, reason, provider_id)
+    before = _must(db, operation_id)
+    if before.state is not State.NEEDS_REVIEW:
+        raise policy.not_in_review(before, "resolved")
+    cancel_reason = why if state is State.CANCELLED else None
+    last_error = why if state is State.FAILED else None
+    db.execute(_RESOLVE_REVIEW, (state.value, provider_id, cancel_reason, last_error, operation_id))
+    _event(db, operation_id, State.NEEDS_REVIEW, state, actor, why)
+    return _must(db, operation_id)
+
+
+def _resend(db: sqlite3.Connection, operation_id: str, intent: Intent, reason: str, actor: str) -> Operation:
+    old = _must(db, operation_id)
+    if old.state is not State.NEEDS_REVIEW:
+        raise policy.not_in_review(old, "resent")
+    if _suppressed(db, intent.recipients, intent.channel):
+        raise policy.suppressed_refusal(intent.recipients, intent.channel)
+    taken = _one(db, f"{_SELECT} WHERE idempotency_key = ?", (intent.idempotency_key,))
+    if taken is not None:
+        raise policy.resend_key_taken(intent.idempotency_key, taken)
+    new_id = str(uuid.uuid4())
+    texts = policy.resend_texts(old.id, new_id, reason)
+    db.execute(_INSERT_PLANNED, (new_id, *_intent_values(intent), State.READY.value))
+    db.execute("UPDATE operations SET resend_of = ? WHERE id = ?", (old.id, new_id))
+    _event(db, new_id, None, State.READY, actor, texts.new_event)
+    db.execute(_SUPERSEDE, (texts.cancel_reason, new_id, old.id))
+    _event(db, old.id, State.NEEDS_REVIEW, State.CANCELLED, actor, texts.old_event)
+    return _must(db, new_id)
+
+
+def _prune(db: sqlite3.Connection, older_than_seconds: float) -> PruneReport:
+    resolved = json.dumps(sorted(state.value for state in TERMINAL_STATES))
+    webhook_age = max(older_than_seconds, policy.WEBHOOK_DEDUPE_SECONDS)
+    cutoff = _scalar(db, f"SELECT {NOW} - ?", (older_than_seconds,))
+    which = (resolved, cutoff, cutoff)
+    events = db.execute(f"DELETE FROM events WHERE operation_id IN ({_PRUNABLE})", which).rowcount
+    db.execute(f"DELETE FROM delivery_events WHERE operation_id IN ({_PRUNABLE})", which)
+    operations = db.execute(f"DELETE FROM operations WHERE id IN ({_PRUNABLE})", which).rowcount
+    hooks = db.execute(f"DELETE FROM webhook_deliveries WHERE received_at < {NOW} - ?", (webhook_age,)).rowcount
+    return PruneReport(operations=operations, events=events, webhook_deliveries=hooks)
 
 
 NETWORK_FILESYSTEMS = frozenset(
@@ -729,19 +854,19 @@ def _create_private(path: str) -> None:
     os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
 
 
-async def _switch_to_wal(db: aiosqlite.Connection, busy_timeout_seconds: float) -> None:
+def _switch_to_wal(db: sqlite3.Connection, busy_timeout_seconds: float) -> None:
     """WAL mode; on a brand-new file opened by several processes at once the switch can find the
     file locked without waiting the busy timeout, so it is retried within that timeout."""
-    with anyio.fail_after(max(busy_timeout_seconds, 1.0)):
-        while True:
-            try:
-                await db.execute("PRAGMA journal_mode = WAL")
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc).lower():
-                    raise
-                await anyio.sleep(0.02)
-            else:
-                return
+    deadline = time.monotonic() + max(busy_timeout_seconds, 1.0)
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+        else:
+            return
 
 
 def migrations() -> list[tuple[int, str]]:
@@ -753,25 +878,23 @@ def migrations() -> list[tuple[int, str]]:
     return sorted(found)
 
 
-async def _migrate(db: aiosqlite.Connection, path: str) -> None:
+def _migrate(db: sqlite3.Connection, path: str) -> None:
     """Apply what is missing, all in one write transaction, so processes starting together take turns."""
     known = migrations()
     latest = known[-1][0]
-    await db.execute("BEGIN IMMEDIATE")
-    try:
-        current = await _schema_version(db, path, latest)
+
+    def apply(db: sqlite3.Connection) -> None:
+        current = _schema_version(db, path, latest)
         for version, sql in known:
             if version > current:
-                await _run_script(db, sql)
-                await db.execute(f"PRAGMA user_version = {version}")
-    except BaseException:
-        await db.rollback()
-        raise
-    await db.commit()
+                _run_script(db, sql)
+                db.execute(f"PRAGMA user_version = {version}")
+
+    _transaction(db, apply)
 
 
-async def _schema_version(db: aiosqlite.Connection, path: str, latest: int) -> int:
-    row = await (await db.execute("PRAGMA user_version")).fetchone()
+def _schema_version(db: sqlite3.Connection, path: str, latest: int) -> int:
+    row = db.execute("PRAGMA user_version").fetchone()
     current = int(row[0]) if row else 0
     if current > latest:
         raise SchemaTooNew(
@@ -781,10 +904,10 @@ async def _schema_version(db: aiosqlite.Connection, path: str, latest: int) -> i
     return current
 
 
-async def _run_script(db: aiosqlite.Connection, sql: str) -> None:
+def _run_script(db: sqlite3.Connection, sql: str) -> None:
     """Run a migration's statements one by one inside the open transaction."""
     for statement in _statements(sql):
-        await db.execute(statement)
+        db.execute(statement)
 
 
 def _statements(sql: str) -> Iterator[str]:
@@ -856,26 +979,26 @@ def _copy_online(source: str, target: str) -> int:
     return int(row[0])
 
 
-async def _apply_delivery(
-    db: aiosqlite.Connection,
+def _apply_delivery(
+    db: sqlite3.Connection,
     operation: Operation,
     observations: Sequence[DeliveryObservation],
     next_check_seconds: float | None,
 ) -> None:
     """Each state once as an event; the current state only forward (`delivery.settle`); `state` untouched."""
-    await db.executemany(
+    db.executemany(
         _DELIVERY_EVENT,
         [(operation.id, o.state.value, _epoch(o.occurred_at), o.source, o.detail) for o in observations],
     )
     moved = delivery.settle(operation.delivery_state, observations)
     if moved is not None:
-        await db.execute(_SET_DELIVERY, (moved.state.value, _epoch(moved.occurred_at), operation.id))
+        db.execute(_SET_DELIVERY, (moved.state.value, _epoch(moved.occurred_at), operation.id))
     if next_check_seconds is not None:
-        await db.execute(_COUNT_DELIVERY_CHECK, (next_check_seconds, operation.id))
+        db.execute(_COUNT_DELIVERY_CHECK, (next_check_seconds, operation.id))
 
 
-async def _exists(db: aiosqlite.Connection, query: str, value: str) -> bool:
-    return await (await db.execute(query, (value,))).fetchone() is not None
+def _exists(db: sqlite3.Connection, query: str, value: str) -> bool:
+    return db.execute(query, (value,)).fetchone() is not None
 
 
 def _epoch(moment: datetime | None) -> float | None:
@@ -898,57 +1021,31 @@ def _intent_values(intent: Intent) -> tuple[Any, ...]:
     )
 
 
-async def _suppressed(db: aiosqlite.Connection, recipients: Sequence[str], channel: str) -> bool:
+def _suppressed(db: sqlite3.Connection, recipients: Sequence[str], channel: str) -> bool:
     if not recipients:
         return False
     names = [normalise_recipient(r) for r in recipients]
     marks = ", ".join("?" for _ in names)
-    rows = await db.execute_fetchall(
+    found = db.execute(
         f"SELECT 1 FROM suppressions WHERE recipient IN ({marks}) AND channel IN (?, 'all') LIMIT 1",
         (*names, channel),
-    )
-    return bool(list(rows))
+    ).fetchone()
+    return found is not None
 
 
-async def _refuse_unsendable(
-    db: aiosqlite.Connection,
-    intent: Intent,
-    duplicate_window_seconds: float | None,
-    *,
-    check_suppression: bool = True,
-    position: int | None = None,
-) -> None:
+def _refuse_unsendable(db: sqlite3.Connection, intent: Intent, duplicate_window_seconds: float | None) -> None:
     """Refuse before recording: an opted-out recipient, or a fresh key for content already sent."""
-    if check_suppression and await _suppressed(db, intent.recipients, intent.channel):
+    if _suppressed(db, intent.recipients, intent.channel):
         raise policy.suppressed_refusal(intent.recipients, intent.channel)
     if duplicate_window_seconds is None or intent.allow_duplicate:
         return
-    earlier = await _one(
-        db, _LIVE_DUPLICATE, (intent.content_fingerprint, intent.idempotency_key, duplicate_window_seconds)
-    )
+    earlier = _one(db, _LIVE_DUPLICATE, (intent.content_fingerprint, intent.idempotency_key, duplicate_window_seconds))
     if earlier is not None:
-        raise policy.duplicate_refusal(earlier, position)
+        raise policy.duplicate_refusal(earlier)
 
 
-async def _refuse_known_keys(db: aiosqlite.Connection, intents: Sequence[Intent]) -> None:
-    positions = {intent.idempotency_key: n for n, intent in enumerate(intents, start=1)}
-    keys = list(positions)
-    taken: list[str] = []
-    for start in range(0, len(keys), _CHUNK):
-        chunk = keys[start : start + _CHUNK]
-        marks = ", ".join("?" for _ in chunk)
-        cursor = await db.execute(
-            f"SELECT idempotency_key, id FROM operations WHERE idempotency_key IN ({marks})", chunk
-        )
-        taken += [f"send {positions[k]} (key {k!r} is operation {op_id})" for k, op_id in await cursor.fetchall()]
-    if taken:
-        raise RefusedByPolicy(
-            f"{len(taken)} send(s) already exist in the ledger: {'; '.join(taken[:10])}; nothing was planned"
-        )
-
-
-async def _tool_pins(db: aiosqlite.Connection) -> list[ToolPin]:
-    cursor = await db.execute(
+def _tool_pins(db: sqlite3.Connection) -> list[ToolPin]:
+    cursor = db.execute(
         "SELECT name, fingerprint, accepted_fingerprint, first_seen_at, changed_at FROM upstream_tools ORDER BY name"
     )
     return [
@@ -959,34 +1056,34 @@ async def _tool_pins(db: aiosqlite.Connection) -> list[ToolPin]:
             first_seen_at=_time(r[3]),
             changed_at=_time(r[4]) if r[4] is not None else None,
         )
-        for r in await cursor.fetchall()
+        for r in cursor.fetchall()
     ]
 
 
-async def _must_batch(db: aiosqlite.Connection, batch_id: str) -> str | None:
-    row = await (await db.execute("SELECT name FROM batches WHERE id = ?", (batch_id,))).fetchone()
+def _must_batch(db: sqlite3.Connection, batch_id: str) -> str | None:
+    row = db.execute("SELECT name FROM batches WHERE id = ?", (batch_id,)).fetchone()
     if row is None:
         raise NotFound(f"no batch {batch_id}; plan one with `hail-guard batch plan FILE`")
     name: str | None = row[0]
     return name
 
 
-async def _one(db: aiosqlite.Connection, query: str, params: Sequence[Any]) -> Operation | None:
-    rows = list(await db.execute_fetchall(query, params))  # one round trip to the connection's thread
-    return _operation(rows[0]) if rows else None
+def _one(db: sqlite3.Connection, query: str, params: Sequence[Any]) -> Operation | None:
+    row = db.execute(query, params).fetchone()
+    return _operation(row) if row is not None else None
 
 
-async def _must(db: aiosqlite.Connection, operation_id: str) -> Operation:
-    found = await _one(db, f"{_SELECT} WHERE id = ?", (operation_id,))
+def _must(db: sqlite3.Connection, operation_id: str) -> Operation:
+    found = _one(db, f"{_SELECT} WHERE id = ?", (operation_id,))
     if found is None:
         raise NotFound(f"no operation {operation_id}; list them with `hail-guard ops list`")
     return found
 
 
-async def _event(
-    db: aiosqlite.Connection, operation_id: str, before: State | None, after: State, actor: str, reason: str
+def _event(
+    db: sqlite3.Connection, operation_id: str, before: State | None, after: State, actor: str, reason: str
 ) -> None:
-    await db.execute(_EVENT, (operation_id, before.value if before else None, after.value, actor, reason))
+    db.execute(_EVENT, (operation_id, before.value if before else None, after.value, actor, reason))
 
 
 def _operation(row: Sequence[Any]) -> Operation:
@@ -996,6 +1093,16 @@ def _operation(row: Sequence[Any]) -> Operation:
     for name in _TIME_COLUMNS:
         values[name] = _time(values[name]) if values[name] is not None else None
     return Operation.model_validate(values)
+
+
+def _rows(db: sqlite3.Connection, query: str, params: Sequence[Any] = ()) -> list[Any]:
+    return db.execute(query, params).fetchall()
+
+
+def _scalar(db: sqlite3.Connection, query: str, params: Sequence[Any] = ()) -> Any:
+    row = db.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
 
 
 def _time(epoch: float) -> datetime:
