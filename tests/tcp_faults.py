@@ -120,6 +120,7 @@ class FaultProxy:
         self._listener_scope: anyio.CancelScope | None = None
         self._pending: set[Seen] = set()
         self._changed = anyio.Event()
+        self._arrived = anyio.Event()
 
     @property
     def url(self) -> str:
@@ -128,6 +129,12 @@ class FaultProxy:
     def calls(self, tool: str) -> list[Seen]:
         """The `tools/call` requests of `tool` that reached the proxy, faulted or not."""
         return [seen for seen in self.seen if seen.request.tool == tool]
+
+    async def next_call(self, tool: str, number: int = 1) -> Seen:
+        """Wait until the `number`-th `tools/call` of `tool` has reached the proxy; return it."""
+        while len(self.calls(tool)) < number:
+            await self._arrived.wait()
+        return self.calls(tool)[number - 1]
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; `tg.start` returns the proxy's URL once it listens."""
@@ -174,6 +181,11 @@ class FaultProxy:
         answered, or its connection is gone: nothing more will reach the sandbox unless sent anew."""
         while self._pending:
             await self._changed.wait()
+
+    def _arrive(self, seen: Seen) -> None:
+        self.seen.append(seen)
+        arrived, self._arrived = self._arrived, anyio.Event()
+        arrived.set()
 
     def _expect(self, seen: Seen) -> None:
         self._pending.add(seen)
@@ -226,7 +238,7 @@ class _Connection:
             body = await reader.receive_exactly(length) if length else b""
             request = Request(head.split(b" ", 1)[0].decode("ascii", "replace"), body)
             seen = Seen(request, self.proxy.decide(request))
-            self.proxy.seen.append(seen)
+            self.proxy._arrive(seen)
             forwarded = seen.fault is None or seen.fault.phase == "after" or seen.fault.kind == "delay"
             if forwarded and (request.message or {}).get("id") is not None:
                 self.current = seen

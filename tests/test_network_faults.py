@@ -62,7 +62,16 @@ class Rig:
 
 
 @asynccontextmanager
-async def open_rig(tmp_path: Path, decide: Decide = no_faults, **settings: Any) -> AsyncIterator[Rig]:
+async def open_rig(
+    tmp_path: Path,
+    decide: Decide = no_faults,
+    *,
+    ledger_path: Path | None = None,
+    busy_timeout_seconds: float = 5.0,
+    **settings: Any,
+) -> AsyncIterator[Rig]:
+    """The sandbox over HTTP behind a `FaultProxy`, and hail-guard (its ledger at `ledger_path`, else in
+    `tmp_path`) reaching it through the proxy; `settings` are the guard's."""
     sandbox = Sandbox()
     guard_settings = GuardSettings(**{"timeout_seconds": TIMEOUT_SECONDS, **settings})
     async with anyio.create_task_group() as tg:
@@ -73,7 +82,9 @@ async def open_rig(tmp_path: Path, decide: Decide = no_faults, **settings: Any) 
             link_url = await tg.start(link.run)
         target = UpstreamTarget(kind="http", url=link_url)
         async with (
-            open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger,
+            open_ledger(
+                str(ledger_path or tmp_path / "ledger.db"), busy_timeout_seconds=busy_timeout_seconds
+            ) as ledger,
             connect_upstream(
                 target, timeout_seconds=TIMEOUT_SECONDS, connect_timeout_seconds=3.0, heartbeat_seconds=None
             ) as upstream,
