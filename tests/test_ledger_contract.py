@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import anyio
@@ -212,6 +213,33 @@ async def test_a_batch_with_a_known_key_plans_nothing(ledger: Ledger) -> None:
     assert await ledger.list_operations(batch_id="B1") == []
     with pytest.raises(NotFound):
         await ledger.batch_status("B1")
+
+
+async def test_a_batch_refused_part_way_through_its_sends_plans_nothing(ledger: Ledger) -> None:
+    def sends_then_a_bad_line() -> Iterator[Intent]:
+        yield from batch_intents(1200)  # more than one chunk is staged or written before the refusal
+        raise RefusedByPolicy("line 1201: not valid JSON; nothing was planned")
+
+    with pytest.raises(RefusedByPolicy, match="line 1201"):
+        await ledger.plan_batch(
+            batch_id="B1", name=None, intents=sends_then_a_bad_line(), state=State.READY, actor="op"
+        )
+    assert await ledger.count_by_state() == {}
+    with pytest.raises(NotFound):
+        await ledger.batch_status("B1")
+    assert (
+        await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(3), state=State.READY, actor="op") == 3
+    )
+
+
+async def test_a_large_batch_is_planned_whole_in_order(ledger: Ledger) -> None:
+    planned = await ledger.plan_batch(
+        batch_id="B1", name=None, intents=iter(batch_intents(1234)), state=State.READY, actor="op"
+    )
+    assert planned == 1234
+    assert (await ledger.batch_status("B1")).counts == {State.READY: 1234}
+    claimed = await ledger.claim_ready(owner="w1", lease_seconds=60, batch_id="B1", limit=3)
+    assert [op.idempotency_key for op in claimed] == ["b:0", "b:1", "b:2"]
 
 
 async def test_planned_operations_wait_for_approval(ledger: Ledger) -> None:

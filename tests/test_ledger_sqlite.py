@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,8 @@ import pytest
 from hail_guard.errors import ConfigError, LedgerUnavailable, SchemaTooNew
 from hail_guard.ledger import open_ledger, sqlite_path
 from hail_guard.ledger.sqlite import _mapped, filesystem_type, migrations, refuse_network_filesystem
-from tests.test_ledger_contract import intent
+from hail_guard.models import Intent, State
+from tests.test_ledger_contract import batch_intents, intent
 
 
 async def test_a_new_ledger_file_is_private_and_in_wal_mode(tmp_path: Path) -> None:
@@ -142,3 +145,28 @@ async def test_processes_opening_a_new_ledger_at_once_migrate_it_once(tmp_path: 
             tg.start_soon(open_and_close)
     with sqlite3.connect(tmp_path / "ledger.db") as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == migrations()[-1][0]
+
+
+async def test_staging_a_batch_leaves_the_ledger_free_for_other_processes(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    wrote_meanwhile: list[int] = []
+
+    def sends_while_another_process_writes() -> Iterator[Intent]:
+        for n, planned in enumerate(batch_intents(1500)):
+            if n == 1000:  # two chunks staged: another process must still get the write lock at once
+                with closing(sqlite3.connect(path, timeout=0, isolation_level=None)) as other:
+                    other.execute("BEGIN IMMEDIATE")
+                    other.execute(
+                        "INSERT INTO suppressions (recipient, channel, reason, source, created_at) "
+                        "VALUES ('someone@else.example', 'all', 'test', 'test', 0)"
+                    )
+                    other.execute("COMMIT")
+                    wrote_meanwhile.append(n)
+            yield planned
+
+    async with open_ledger(str(path)) as ledger:
+        await ledger.plan_batch(
+            batch_id="B1", name=None, intents=sends_while_another_process_writes(), state=State.READY, actor="op"
+        )
+        assert wrote_meanwhile == [1000]
+        assert (await ledger.batch_status("B1")).counts == {State.READY: 1500}
