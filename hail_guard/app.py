@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import anyio
 import structlog
@@ -16,10 +17,12 @@ from mcp.server.stdio import stdio_server
 from hail_guard.config import Settings
 from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
-from hail_guard.metrics import Metrics
 from hail_guard.server import Proxy, build_server
 from hail_guard.tracker import Tracker, TrackerSettings
 from hail_guard.upstream import UpstreamTarget, connect_upstream
+
+if TYPE_CHECKING:
+    from hail_guard.metrics import Metrics  # only HTTP serving counts: prometheus_client stays out of stdio
 
 log = structlog.get_logger(__name__)
 

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import os
 import shlex
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from hail_guard import keys
@@ -34,6 +32,8 @@ class _Section(BaseModel):
 
 
 def default_ledger_url() -> str:
+    import platformdirs  # here: only a ledger left unset needs it
+
     return f"sqlite:///{Path(platformdirs.user_data_dir('hail-guard')) / 'ledger.db'}"
 
 
@@ -191,6 +191,8 @@ def load_settings(path: str | None = None, environ: Mapping[str, str] | None = N
 
 
 def _read_toml(path: str) -> dict[str, Any]:
+    import tomllib  # here: only a config file needs it
+
     try:
         with open(path, "rb") as file:
             return tomllib.load(file)
