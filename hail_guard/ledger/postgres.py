@@ -107,10 +107,11 @@ def _literal(text: str) -> str:
 def _expiring(reason: str) -> str:
     """CTEs that turn `sending` operations whose lease ran out into `unknown`, with their events (`expired`).
 
-    The rows are picked once. (Written as `id IN (subquery)`, PostgreSQL could run the subquery again for
-    every `sending` row: quadratic in the sends in flight, 45 ms for 300 on a 1M-row ledger.) The partial
-    index on `sending` leases makes this one short index probe when nothing is due. The function
-    `hg_begin_send` (migration 0006) runs the same statement.
+    The rows are picked once, locked, and updated by id. (Written as `id IN (subquery)`, PostgreSQL could
+    run the subquery again for every `sending` row: quadratic in the sends in flight, 45 ms for 300 on a
+    1M-row ledger. With `state = 'sending'` repeated in the UPDATE, it read every `sending` row to join
+    them to none: 600 pages a call.) The partial index on `sending` leases makes this one short index probe
+    when nothing is due. The function `hg_begin_send` (migration 0006) runs the same statement.
     """
     return f"""
     expiring AS MATERIALIZED (
@@ -118,7 +119,7 @@ def _expiring(reason: str) -> str:
         FOR UPDATE SKIP LOCKED),
     expired AS (
         UPDATE operations SET state = 'unknown', updated_at = {NOW}, next_check_at = {NOW}
-        FROM expiring WHERE operations.id = expiring.id AND operations.state = 'sending'
+        FROM expiring WHERE operations.id = expiring.id
         RETURNING operations.id),
     expired_logged AS (
         INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
@@ -243,7 +244,7 @@ _RECORD = f"""
             not_before = {_later("$6")}, next_check_at = {_later("$7")},
             lease_expires_at = NULL, updated_at = {NOW}
         FROM before
-        WHERE operations.id = before.id AND operations.lease_owner = $9
+        WHERE operations.id = $8 AND before.id = $8 AND operations.lease_owner = $9
           AND operations.state IN ('sending', 'unknown')
         RETURNING operations.*, before.state AS from_state),
     logged AS (

@@ -25,6 +25,7 @@ DECLARE
     existing operations;
     written operations;
     now_ timestamptz;
+    recipient_key text;
 BEGIN
     -- Leases run out first (as `expire_leases`), so an expired send under this key is seen `unknown`.
     WITH picked AS MATERIALIZED (
@@ -33,20 +34,21 @@ BEGIN
     expired AS (
         UPDATE operations o SET state = 'unknown', updated_at = statement_timestamp(),
             next_check_at = statement_timestamp()
-        FROM picked WHERE o.id = picked.id AND o.state = 'sending'
+        FROM picked WHERE o.id = picked.id
         RETURNING o.id)
     INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
     SELECT expired.id, statement_timestamp(), 'sending', 'unknown', 'ledger', p_expired_reason FROM expired;
 
     SELECT * INTO existing FROM operations o WHERE o.idempotency_key = p_key FOR UPDATE;
     IF NOT FOUND THEN
-        IF EXISTS (
-            SELECT 1 FROM suppressions s
-            WHERE s.recipient = ANY (p_recipient_keys) AND s.channel IN (p_channel, 'all')
-        ) THEN
-            RETURN QUERY SELECT 'suppressed'::text, NULL::operations;
-            RETURN;
-        END IF;
+        -- One probe of the opt-out list's key per recipient (as one `= ANY` query, it read the whole list).
+        FOREACH recipient_key IN ARRAY p_recipient_keys LOOP
+            IF EXISTS (SELECT 1 FROM suppressions s WHERE s.recipient = recipient_key AND s.channel IN (p_channel, 'all'))
+            THEN
+                RETURN QUERY SELECT 'suppressed'::text, NULL::operations;
+                RETURN;
+            END IF;
+        END LOOP;
         IF p_duplicate_window_seconds IS NOT NULL THEN
             PERFORM pg_advisory_xact_lock(p_content_lock_space, p_content_lock);
             SELECT * INTO existing FROM operations o
