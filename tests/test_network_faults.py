@@ -35,7 +35,9 @@ from tests.tcp_faults import KINDS, PHASES, Decide, Fault, FaultProxy, Kind, Pha
 KEY = "c1:l1:email:intro"
 TIMEOUT_SECONDS = 1.0
 """hail-guard's upstream timeout here: a dropped or held answer costs this long."""
-SEED = int(os.environ.get("HAIL_GUARD_FAULT_SEED", "9"))
+SEED = int(os.environ.get("HAIL_GUARD_CAMPAIGN_SEED") or "9")
+LONG_SENDS = 20 * int(os.environ.get("HAIL_GUARD_CAMPAIGN_RUNS", "20"))
+"""The `slow` campaign's size: .ci/run bounds it with HAIL_GUARD_CAMPAIGN_RUNS (20 -> 400 sends)."""
 
 
 @dataclass
@@ -138,22 +140,9 @@ async def test_a_link_fault_leaves_the_send_unknown_and_reconcile_sends_it_exact
         assert rig.outbox_keys() == {KEY: 1}
         assert rig.sandbox.outbox[0]["id"] == settled.provider_id
         assert rig.wire_sends(KEY) == 2  # the first send and reconcile's replay, both under the one key
-
-
-async def test_a_request_held_past_the_timeout_that_lands_after_the_replay_is_not_sent_twice(tmp_path: Path) -> None:
-    released = anyio.Event()
-    async with open_rig(tmp_path, on_first_send(Fault("delay", "before", release=released))) as rig:
-        with anyio.fail_after(30):
-            first = await rig.harness.call("send_email", email())
-            [settled] = await rig.guard.reconcile(guard_view(first)["operation_id"])
-            assert settled.state is State.ACCEPTED
-            assert len(rig.sandbox.outbox) == 1  # the replay reached the sandbox first
-            released.set()
-            [late] = rig.link.calls("send_email")[:1]
-            await late.answered.wait()  # the original request has now reached the sandbox too
-
-        assert rig.sandbox.calls("send_email") == 2
-        assert rig.outbox_keys() == {KEY: 1}
+        # what reached the sandbox: the replay, and the first send unless it was stopped on the way; a held
+        # request ("delay", "before") lands after the replay, and is answered with the saved result
+        assert rig.sandbox.calls("send_email") == (1 if phase == "before" and kind != "delay" else 2)
 
 
 async def test_a_short_delay_on_the_answer_is_only_slower(tmp_path: Path) -> None:
@@ -225,7 +214,7 @@ def lead_email(lead: int) -> dict[str, Any]:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
-    "sends", [pytest.param(24, id="bounded"), pytest.param(400, id="long", marks=pytest.mark.slow)]
+    "sends", [pytest.param(24, id="bounded"), pytest.param(LONG_SENDS, id="long", marks=pytest.mark.slow)]
 )
 async def test_a_seeded_campaign_of_link_faults_sends_every_message_at_most_once_and_loses_none(
     tmp_path: Path, sends: int
@@ -251,10 +240,11 @@ async def test_a_seeded_campaign_of_link_faults_sends_every_message_at_most_once
         report = await account(rig, campaign, sends, outcomes)
 
     print(report)  # shown with -s, and on failure
-    assert report["duplicates"] == 0
-    assert report["lost"] == 0
-    assert report["unknown_left"] == 0
-    assert sum(report["faults"].values()) > 0
+    rerun = f"rerun with HAIL_GUARD_CAMPAIGN_SEED={campaign.seed}: {report}"
+    assert report["duplicates"] == 0, rerun
+    assert report["lost"] == 0, rerun
+    assert report["unknown_left"] == 0, rerun
+    assert sum(report["faults"].values()) > 0, rerun
 
 
 async def send_and_retry(rig: Rig, campaign: Campaign, lead: int) -> str:
