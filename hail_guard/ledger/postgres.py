@@ -93,10 +93,8 @@ _COLUMNS = (
 _NAMES = tuple(_COLUMNS.split(", "))
 _SELECT = f"SELECT {_COLUMNS} FROM operations"
 _LIVE_STATES = "('planned', 'ready', 'sending', 'accepted', 'unknown', 'needs_review')"
-_SUPPRESSED = """EXISTS (
-    SELECT 1 FROM suppressions s
-    WHERE s.recipient = ANY (operations.recipient_keys) AND s.channel IN (operations.channel, 'all'))"""
-"""True for an operation any of whose recipients opted out of its channel."""
+_SUPPRESSED = "hg_opted_out(operations.recipient_keys, operations.channel)"
+"""True for an operation any of whose recipients opted out of its channel (the function: migration 0006)."""
 
 
 def _literal(text: str) -> str:
@@ -258,9 +256,7 @@ is no such operation, the other columns NULL when it is not ours to record."""
 _EVENT = f"""
     INSERT INTO events (operation_id, at, from_state, to_state, actor, reason) VALUES ($1, {NOW}, $2, $3, $4, $5)
 """
-_IS_SUPPRESSED = (
-    "SELECT EXISTS (SELECT 1 FROM suppressions WHERE recipient = ANY ($1::text[]) AND channel IN ($2, 'all'))"
-)
+_IS_SUPPRESSED = "SELECT hg_opted_out($1::text[], $2)"
 _LOCK_CONTENT = "SELECT pg_advisory_xact_lock($1, bucket) FROM unnest($2::int[]) AS bucket"
 
 
