@@ -4,6 +4,7 @@
     ├── ConfigError            bad settings: fix the config file or the environment
     ├── LedgerError            the ledger cannot be read or written
     │   ├── LedgerUnavailable      cannot open, locked past the busy timeout, disk full, read-only
+    │   │   └── OutcomeNotRecorded     Hail answered, but the answer could not be written down
     │   ├── SchemaTooNew           the ledger was migrated by a newer hail-guard
     │   └── LeaseLost              a fenced write lost its lease: another worker owns the operation
     ├── UpstreamError          talking to Hail went wrong
@@ -37,6 +38,18 @@ class LedgerError(HailGuardError):
 
 class LedgerUnavailable(LedgerError):
     """The ledger cannot be opened or written right now; nothing was recorded."""
+
+
+class OutcomeNotRecorded(LedgerUnavailable):
+    """Hail answered a forwarded request, but the ledger refused every attempt to record the answer.
+
+    The request has left: the agent must be told what Hail said and must not send it again."""
+
+    def __init__(self, message: str, *, operation_id: str, state: str, provider_id: str | None) -> None:
+        super().__init__(message)
+        self.operation_id = operation_id
+        self.state = state
+        self.provider_id = provider_id
 
 
 class SchemaTooNew(LedgerError):

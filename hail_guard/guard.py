@@ -26,6 +26,7 @@ from hail_guard.errors import (
     KeyConflict,
     LeaseLost,
     LedgerUnavailable,
+    OutcomeNotRecorded,
     RefusedByPolicy,
     UpstreamError,
     UpstreamUnavailable,
@@ -87,7 +88,14 @@ class Guard:
 
     async def send(self, tool: str, arguments: Mapping[str, Any], input_schema: Mapping[str, Any]) -> SendReport:
         intent, request = self.prepare(tool, arguments, input_schema)
-        await self.upstream.wait_connected()  # refused before anything is recorded
+        try:
+            await self.upstream.wait_connected()  # refused before anything is recorded
+        except UpstreamUnavailable:
+            # A retry of a send that may already have left is answered from the ledger, never "not sent".
+            existing = await self.ledger.find_by_key(intent.idempotency_key)
+            if existing is None or existing.state is State.READY:
+                raise
+            return self._answer_from_ledger(existing, intent, request)
         crash_point("before_intent")
         owner = claim_token()
         begin = await self.ledger.begin_send(
@@ -198,7 +206,7 @@ class Guard:
                     error=str(exc),
                 )
                 if attempt == _RECORD_ATTEMPTS:
-                    raise
+                    raise _not_recorded(operation, outcome, exc) from exc
                 await anyio.sleep(0.2 * attempt)
                 continue
             log.info(
@@ -271,6 +279,20 @@ class Guard:
             return Outcome(state=State.ACCEPTED, reason=f"{tool} found the message", result=payload)
         reason = f"{tool} did not find {operation.provider_id}: {_text_of(result)[:200]}"
         return Outcome(state=State.NEEDS_REVIEW, reason=reason, review_reason=reason)
+
+
+def _not_recorded(operation: Operation, outcome: Outcome, cause: LedgerUnavailable) -> OutcomeNotRecorded:
+    said = f"Hail's answer: {outcome.state.value}" + (
+        f", message id {outcome.provider_id}" if outcome.provider_id else ""
+    )
+    return OutcomeNotRecorded(
+        f"{said}; but hail-guard could not record it ({cause}). The request has left: do NOT send it again. "
+        f"Operation {operation.id} (key {operation.idempotency_key!r}) stays `sending` until its lease runs out; "
+        "then `reconcile` records what Hail has",
+        operation_id=operation.id,
+        state=outcome.state.value,
+        provider_id=outcome.provider_id,
+    )
 
 
 def _answer_of(tool: str, result: types.CallToolResult, request: Mapping[str, Any]) -> Answer:

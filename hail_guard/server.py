@@ -20,7 +20,14 @@ from mcp.server import Server, ServerRequestContext
 
 from hail_guard import __version__, keys, policy, review
 from hail_guard.batch import Batches, Progress, sends_from_tool
-from hail_guard.errors import HailGuardError, KeyConflict, NotFound, RefusedByPolicy, UpstreamError
+from hail_guard.errors import (
+    HailGuardError,
+    KeyConflict,
+    NotFound,
+    OutcomeNotRecorded,
+    RefusedByPolicy,
+    UpstreamError,
+)
 from hail_guard.guard import ALLOW_DUPLICATE, Guard, SendReport
 from hail_guard.models import (
     SUPPRESSION_CHANNELS,
@@ -352,6 +359,10 @@ class Proxy:
             return _error(str(exc))
         except UpstreamError as exc:
             return _error(f"Hail did not answer: {exc}")
+        except OutcomeNotRecorded as exc:
+            log.error("call_failed", tool=name, error=str(exc))
+            details = {"operation_id": exc.operation_id, "hail_answer": exc.state, "provider_id": exc.provider_id}
+            return _error(str(exc), details)
         except HailGuardError as exc:
             log.error("call_failed", tool=name, error=str(exc))
             return _error(f"hail-guard could not do this: {exc}")

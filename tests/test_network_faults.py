@@ -313,11 +313,6 @@ async def account(rig: Rig, campaign: Campaign, sends: int, outcomes: Counter[st
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Guard.send waits for the upstream before reading the ledger: a retry of an unknown send while Hail "
-    "is unreachable is told 'nothing was sent' instead of the ledger's 'OUTCOME UNKNOWN, do NOT resend'",
-)
 async def test_a_retry_while_hail_is_unreachable_is_answered_from_the_ledger_not_told_nothing_was_sent(
     tmp_path: Path,
 ) -> None:

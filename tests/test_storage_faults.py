@@ -331,11 +331,6 @@ async def test_an_answer_that_stays_unrecordable_is_not_lost_and_reconcile_finds
         assert rig.wire_sends() == 2  # the send and reconcile's same-key replay; the agent's retry stayed home
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="when Hail accepted a send but the ledger cannot record it, the agent is told only the ledger error "
-    "('hail-guard could not do this: ... then retry'), not that Hail accepted it, with which id, nor not to resend",
-)
 async def test_an_agent_whose_accepted_send_could_not_be_recorded_is_told_it_was_accepted(tmp_path: Path) -> None:
     storage = LockedLedger(tmp_path)
     release = anyio.Event()
@@ -348,3 +343,6 @@ async def test_an_agent_whose_accepted_send_could_not_be_recorded_is_told_it_was
     [sent] = rig.sandbox.outbox
     assert sent["id"] in text(first)
     assert "accepted" in text(first).lower()
+    assert "do NOT send it again" in text(first)
+    assert first.structured_content is not None
+    assert first.structured_content["provider_id"] == sent["id"]
