@@ -187,7 +187,7 @@ async def open_storage_rig(tmp_path: Path, storage: StorageFault, fault: Fault |
 def expected_error(storage: StorageFault) -> str:
     return {
         "full": "is full: free space",
-        "read_only": "failed: disk I/O error",
+        "read_only": "its storage is read-only or failing",
         "locked": "stayed locked past the busy timeout",
     }[storage.name]
 

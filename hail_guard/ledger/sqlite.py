@@ -939,6 +939,11 @@ def _explain(message: str, path: str) -> str:
         )
     if "readonly" in lowered or "read-only" in lowered:
         return f"the ledger {path} is read-only: make the file and its folder writable by this user"
+    if "disk i/o" in lowered:
+        return (
+            f"cannot write the ledger {path} ({message}): its storage is read-only or failing; "
+            "check the disk and the file's permissions, then retry"
+        )
     if "full" in lowered:
         return f"the disk holding the ledger {path} is full: free space, then retry"
     if "unable to open" in lowered:
