@@ -1,23 +1,4 @@
 -- hail-guard ledger (PostgreSQL), version 6: a guarded send's first step in one round trip.
---
--- Whether any of the recipients (normalised) opted out of the channel: one probe of the opt-out list's
--- key per recipient. (As one `s.recipient = ANY (recipient_keys)` query, PostgreSQL guesses ten
--- recipients and reads the whole list instead: 0.3 ms a send with a thousand opt-outs.)
-CREATE FUNCTION hg_opted_out(p_recipient_keys text[], p_channel text) RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    recipient_key text;
-BEGIN
-    FOREACH recipient_key IN ARRAY p_recipient_keys LOOP
-        IF EXISTS (SELECT 1 FROM suppressions s WHERE s.recipient = recipient_key AND s.channel IN (p_channel, 'all'))
-        THEN
-            RETURN true;
-        END IF;
-    END LOOP;
-    RETURN false;
-END
-$$;
-
 -- `begin_send` took eight statements (lease expiry, the key's row, the opt-out and duplicate checks,
 -- the insert, its event, a claim of a `ready` one, its event), each a round trip to the server. Here
 -- they are one call that does the same, statement by statement, inside the caller's transaction.
@@ -59,7 +40,11 @@ BEGIN
 
     SELECT * INTO existing FROM operations o WHERE o.idempotency_key = p_key FOR UPDATE;
     IF NOT FOUND THEN
-        IF hg_opted_out(p_recipient_keys, p_channel) THEN
+        IF EXISTS (  -- as `_opted_out` in postgres.py: one probe of the opt-out list's key per recipient
+            SELECT 1 FROM unnest(p_recipient_keys) AS r (recipient), LATERAL (
+                SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN (p_channel, 'all')
+                LIMIT 1) AS opted_out
+        ) THEN
             RETURN QUERY SELECT 'suppressed'::text, NULL::operations;
             RETURN;
         END IF;
@@ -105,7 +90,11 @@ BEGIN
         lease_expires_at = now_ + p_lease_seconds * interval '1 second', updated_at = now_,
         first_sent_at = COALESCE(o.first_sent_at, now_)
     WHERE o.id = existing.id AND o.state = 'ready' AND o.request_fingerprint = p_request_fingerprint
-      AND (o.not_before IS NULL OR o.not_before <= now_) AND NOT hg_opted_out(o.recipient_keys, o.channel)
+      AND (o.not_before IS NULL OR o.not_before <= now_)
+      AND NOT EXISTS (
+        SELECT 1 FROM unnest(o.recipient_keys) AS r (recipient), LATERAL (
+            SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN (o.channel, 'all')
+            LIMIT 1) AS opted_out)
     RETURNING * INTO written;
     IF FOUND THEN
         INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
