@@ -38,6 +38,7 @@ from mcp import Client, types
 from hail_guard import crashpoints, keys
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.models import Event, Operation, State
+from hail_guard.sandbox import SMS_CARRIER_REFUSED
 from tests import forked
 
 RUNS = int(os.environ.get("HAIL_GUARD_CAMPAIGN_RUNS", "20"))
@@ -138,17 +139,15 @@ class Campaign:
     # -- the sends ------------------------------------------------------------------------------------
 
     def new_send(self) -> LogicalSend:
-        """A new logical send: an email keyed by its metadata or by its content, or an SMS with the caller's key."""
+        """A new logical send: an email keyed by its metadata or by its content, an SMS with the caller's key,
+        or an SMS the carrier refuses (Hail answers `failed`), keyed by its content."""
         label = f"m{len(self.sends):04d}"
-        kind = self.rng.choice(["email_metadata", "email_content", "sms_caller_key"])
-        if kind == "sms_caller_key":
-            number = f"+1415555{len(self.sends):04d}"
-            arguments: dict[str, Any] = {
-                "to": number,
-                "body": f"Hello {label}",
-                "recipient_consent": True,
-                "idempotency_key": f"crash-{label}",
-            }
+        kind = self.rng.choice(["email_metadata", "email_content", "sms_caller_key", "sms_refused"])
+        if kind.startswith("sms"):
+            number = SMS_CARRIER_REFUSED if kind == "sms_refused" else f"+1415555{len(self.sends):04d}"
+            arguments: dict[str, Any] = {"to": number, "body": f"Hello {label}", "recipient_consent": True}
+            if kind == "sms_caller_key":
+                arguments["idempotency_key"] = f"crash-{label}"
             send = LogicalSend(label, "send_sms", arguments)
         else:
             arguments = {
@@ -335,19 +334,15 @@ class Campaign:
         async with open_ledger(self.ledger_url) as ledger:
             operations = {op.idempotency_key: op for op in await _operations(ledger)}
             broken = [_broken_history(op, await ledger.events(op.id)) for op in operations.values()]
-        sent = Counter(line["idempotency_key"] for line in _outbox(self.outbox))
-        provider = {line["idempotency_key"]: line["id"] for line in _outbox(self.outbox)}
+        outbox = _outbox(self.outbox)
+        sent = Counter(line["idempotency_key"] for line in outbox)
+        provider = {line["idempotency_key"]: (line["id"], line["status"]) for line in outbox}
         meant = {send.key for send in self.sends}
         duplicates = {key: n for key, n in sent.items() if n > 1}
         lost = sorted(key for key in meant if key not in operations or operations[key].state not in FINAL)
         strangers = sorted(set(operations) - meant)
         unrecorded = sorted(set(sent) - set(operations))
-        mismatched = sorted(
-            key
-            for key, op in operations.items()
-            if (op.state is State.ACCEPTED and provider.get(key) != op.provider_id)
-            or (key in sent and op.state not in (State.ACCEPTED, State.NEEDS_REVIEW))
-        )
+        mismatched = sorted(key for key, op in operations.items() if not _agrees(op, provider.get(key)))
         self.report.sends = len(self.sends)
         self.report.duplicates, self.report.lost = len(duplicates), len(lost)
         self.report.states = Counter(op.state.value for op in operations.values())
@@ -409,6 +404,18 @@ def _broken_history(operation: Operation, events: list[Event]) -> str | None:
     if previous is not operation.state:
         return f"{operation.idempotency_key}: history ends {previous}, the operation is {operation.state}"
     return None
+
+
+def _agrees(operation: Operation, sent: tuple[str, str] | None) -> bool:
+    """Ledger against outbox: accepted means sent (that message); failed means refused, in the send or before
+    it; a message Hail took is never recorded as not sent; needs_review may be either."""
+    if operation.state is State.NEEDS_REVIEW:
+        return True
+    if operation.state is State.ACCEPTED:
+        return sent is not None and sent[0] == operation.provider_id
+    if operation.state is State.FAILED:
+        return sent is None or sent == (operation.provider_id, "failed")
+    return sent is None
 
 
 def _state(operations: dict[str, Operation], key: str) -> str:
