@@ -37,6 +37,8 @@ from hail_guard.models import Answer, AnswerKind, Intent, Operation, Outcome, St
 log = structlog.get_logger(__name__)
 
 _RECORD_ATTEMPTS = 5
+_RECONCILE_MAX = 100
+"""Operations one `reconcile` call settles at most (the rest are due for the next call)."""
 _LOOKUP_TOOLS = delivery.LOOKUP_TOOLS
 PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}"
 ALLOW_DUPLICATE = "allow_duplicate"
@@ -220,14 +222,23 @@ class Guard:
         raise AssertionError("unreachable")
 
     async def reconcile(self, operation_id: str | None = None, *, batch_id: str | None = None) -> list[Operation]:
-        """Settle `unknown` operations (one, or all that are due); return them as they now stand."""
+        """Settle `unknown` operations (one, or all that are due); return them as they now stand.
+
+        They are claimed one at a time: a claim (and the attempt it counts) covers only the operation being
+        settled, so a crash or a slow replay never holds the others for a lease or spends their attempts.
+        """
         owner = claim_token()
-        claimed = await self.ledger.claim_unknown(
-            owner=owner, lease_seconds=self.settings.lease, operation_id=operation_id, batch_id=batch_id
-        )
-        if operation_id is not None and not claimed:
+        settled: list[Operation] = []
+        for _ in range(1 if operation_id is not None else _RECONCILE_MAX):
+            claimed = await self.ledger.claim_unknown(
+                owner=owner, lease_seconds=self.settings.lease, operation_id=operation_id, batch_id=batch_id, limit=1
+            )
+            if not claimed:
+                break
+            settled.append(await self._reconcile_one(claimed[0], owner))
+        if operation_id is not None and not settled:
             return [await self.ledger.get(operation_id)]
-        return [await self._reconcile_one(operation, owner) for operation in claimed]
+        return settled
 
     async def _reconcile_one(self, operation: Operation, owner: str) -> Operation:
         crash_point("reconcile_claimed")

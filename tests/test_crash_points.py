@@ -128,6 +128,7 @@ class Campaign:
         """Calls the agent made without getting an answer: it makes them again."""
         self.run = 0
         self.report = Report()
+        self.lease_seconds = LEASE_SECONDS
 
     def where(self) -> str:
         return (
@@ -169,7 +170,7 @@ class Campaign:
         self.config.write_text(
             f'[ledger]\nurl = "{self.ledger_url}"\nbusy_timeout_seconds = 30\n'
             f'[upstream]\nurl = "{upstream_url}"\ntimeout_seconds = {timeout}\n'
-            f"[guard]\nlease_seconds = {LEASE_SECONDS}\n"
+            f"[guard]\nlease_seconds = {self.lease_seconds}\n"
             "[worker]\npoll_seconds = 0.1\nshutdown_seconds = 10\n"
             '[log]\nlevel = "info"\n'
         )
@@ -373,14 +374,18 @@ class Campaign:
         return self.report
 
 
-def _view(result: types.CallToolResult) -> dict[str, Any] | None:
+def _data(result: types.CallToolResult) -> dict[str, Any]:
     data = result.structured_content
     if not isinstance(data, dict):
         try:
             data = json.loads("".join(b.text for b in result.content if isinstance(b, types.TextContent)))
         except ValueError:
-            return None
-    view = data.get("hail_guard") if isinstance(data, dict) else None
+            return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _view(result: types.CallToolResult) -> dict[str, Any] | None:
+    view = _data(result).get("hail_guard")
     return view if isinstance(view, dict) else None
 
 
@@ -476,3 +481,34 @@ async def test_the_crash_campaign_loses_and_repeats_nothing(tmp_path: Path, scen
     print(f"crash campaign {scenario.id}: {report}")  # shown with -rP or -s
     assert report.kills == RUNS
     assert report.duplicates == report.lost == 0
+
+
+async def test_a_reconcile_killed_on_one_operation_leaves_the_others_free(tmp_path: Path) -> None:
+    """Found by the campaign: reconcile claimed every due operation at once, so dying on the first one left
+    all of them held for a whole lease, each with a reconcile attempt counted that never happened."""
+    campaign = Campaign(Scenario("reconcile_claimed", "serve", UNKNOWN_AFTER_ACCEPT), tmp_path, runs=1)
+    campaign.lease_seconds = 600.0
+    sandbox = await campaign.start_sandbox()
+    try:
+        campaign.pending = [campaign.new_send() for _ in range(3)]
+        process = forked.start(campaign.hg("serve"), logs=campaign.logs, env=campaign.armed(1), stdio=True)
+        error = await campaign.talk(process, reconcile_after=True, parallel=1)
+        await campaign.expect_crash(process, error=error)
+        process.close()
+        async with open_ledger(campaign.ledger_url) as ledger:
+            operations, now = await _operations(ledger), await ledger.now()
+        assert [op.state for op in operations] == [State.UNKNOWN] * 3
+        held = [op for op in operations if op.lease_expires_at is not None and op.lease_expires_at > now]
+        assert len(held) == 1, [(op.idempotency_key, op.lease_expires_at, op.attempts) for op in operations]
+        assert sorted(op.attempts for op in operations) == [1, 1, 2]
+
+        process = forked.start(campaign.hg("serve"), logs=campaign.logs, stdio=True)
+        async with process.mcp_client() as client:
+            answer = _data(await client.call_tool("reconcile", {}))
+        assert [view["state"] for view in answer["reconciled"]] == ["accepted", "accepted"]
+        assert await process.wait(RUN_SECONDS) == 0
+        process.close()
+    finally:
+        sandbox.kill()
+        await sandbox.wait(10)
+        sandbox.close()
