@@ -393,6 +393,20 @@ async def test_a_refusal_while_the_batch_is_read_plans_nothing_of_it(postgres_ur
         )
 
 
+async def test_an_error_of_the_sends_themselves_is_not_called_a_ledger_failure(postgres_url: str) -> None:
+    sends = batch_intents(PLAN_CHUNK + 1)
+    async with open_ledger(postgres_url) as ledger:
+        with pytest.raises(ValueError, match=r"^a bug in the batch reader$"):
+            await ledger.plan_batch(
+                batch_id="B1",
+                name=None,
+                intents=streamed(sends, then=ValueError("a bug in the batch reader")),
+                state=State.READY,
+                actor="op",
+            )
+        assert await ledger.count_by_state() == {}
+
+
 async def test_known_keys_and_duplicates_past_the_first_chunk_are_named_by_their_position(postgres_url: str) -> None:
     sends = batch_intents(PLAN_CHUNK * 2 + 7)
     taken = PLAN_CHUNK + 4  # a position in the second chunk

@@ -507,6 +507,20 @@ class PostgresLedger:
         """One transaction: the sends are staged a chunk at a time in a temporary table (nothing of the ledger
         is locked while `intents` is read, which may take long and may raise), then checked against the ledger
         and copied into it with a few statements. Any error anywhere rolls it all back."""
+        try:
+            return await self._plan(batch_id, name, intents, state, actor, duplicate_window_seconds)
+        except _IntentsRaised as raised:
+            raise raised.error from raised.error.__cause__  # the caller's own error, not the ledger's
+
+    async def _plan(
+        self,
+        batch_id: str,
+        name: str | None,
+        intents: Iterable[Intent],
+        state: State,
+        actor: str,
+        duplicate_window_seconds: float | None,
+    ) -> int:
         async with self._write(shielded=False) as db:
             await db.execute(_CREATE_STAGE)
             staged, buckets = 0, set[int]()
@@ -1114,9 +1128,25 @@ def _content_lock(intent: Intent) -> int:
     return zlib.crc32(intent.content_fingerprint.encode()) % CONTENT_LOCK_BUCKETS
 
 
+class _IntentsRaised(HailGuardError):
+    """What reading the caller's intents raised, carried through the ledger's error mapping unchanged."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def _chunks(intents: Iterable[Intent], size: int) -> Iterator[list[Intent]]:
     iterator = iter(intents)
-    while chunk := list(itertools.islice(iterator, size)):
+    while True:
+        try:
+            chunk = list(itertools.islice(iterator, size))
+        except HailGuardError:
+            raise
+        except Exception as exc:  # not the ledger's: `_mapped` must not call it a ledger failure
+            raise _IntentsRaised(exc) from exc
+        if not chunk:
+            return
         yield chunk
 
 
