@@ -25,7 +25,8 @@ import random
 import re
 import socket
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -40,6 +41,7 @@ from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.models import Event, Operation, State
 from hail_guard.sandbox import SMS_CARRIER_REFUSED
 from tests import forked
+from tests.postgres import PostgresServer
 
 RUNS = int(os.environ.get("HAIL_GUARD_CAMPAIGN_RUNS", "20"))
 QUICK_RUNS = 1
@@ -60,10 +62,11 @@ class Scenario:
     process: Literal["serve", "worker"]
     faults: tuple[str, ...] = ()
     """Sandbox faults (`{status}`: a 5xx the seed picks)."""
+    backend: Literal["sqlite", "postgres"] = "sqlite"
 
     @property
     def id(self) -> str:
-        return f"{self.process}-{self.point}"
+        return f"{self.process}-{self.point}" + ("-postgres" if self.backend == "postgres" else "")
 
 
 SCENARIOS = [
@@ -79,6 +82,8 @@ SCENARIOS = [
     Scenario("after_answer", "worker"),
     Scenario("reconcile_claimed", "worker", UNKNOWN_AFTER_ACCEPT),
     Scenario("reconcile_answered", "worker", UNKNOWN_AFTER_ACCEPT),
+    Scenario("after_answer", "worker", backend="postgres"),
+    Scenario("reconcile_answered", "serve", UNKNOWN_AFTER_ACCEPT, backend="postgres"),
 ]
 
 
@@ -115,13 +120,13 @@ def free_port() -> int:
 class Campaign:
     """One scenario: a sandbox, a ledger, and a chain of processes killed at one crash point."""
 
-    def __init__(self, scenario: Scenario, tmp_path: Path, runs: int) -> None:
+    def __init__(self, scenario: Scenario, tmp_path: Path, runs: int, ledger_url: str | None = None) -> None:
         self.scenario, self.runs, self.tmp_path = scenario, runs, tmp_path
         self.seed = int(SEED) if SEED else random.SystemRandom().randrange(2**32)
         self.rng = random.Random(self.seed)  # noqa: S311  (a replayable plan, not a secret)
         self.logs = tmp_path / "logs"
         self.outbox = tmp_path / "outbox.jsonl"
-        self.ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+        self.ledger_url = ledger_url or f"sqlite:///{tmp_path / 'ledger.db'}"
         self.config = tmp_path / "hail-guard.toml"
         self.sends: list[LogicalSend] = []
         self.pending: list[LogicalSend] = []
@@ -465,10 +470,24 @@ async def test_serve_with_an_unknown_crash_point_refuses_to_start(tmp_path: Path
         process.close()
 
 
+@asynccontextmanager
+async def ledger_for(scenario: Scenario, request: pytest.FixtureRequest) -> AsyncIterator[str | None]:
+    """None (a SQLite file in the campaign's directory), or a new PostgreSQL database."""
+    if scenario.backend == "sqlite":
+        yield None
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    async with server.database() as url:
+        yield url
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.id for s in SCENARIOS])
-async def test_a_quick_crash_at_each_point_loses_and_repeats_nothing(tmp_path: Path, scenario: Scenario) -> None:
-    report = await Campaign(scenario, tmp_path, QUICK_RUNS)()
+async def test_a_quick_crash_at_each_point_loses_and_repeats_nothing(
+    tmp_path: Path, scenario: Scenario, request: pytest.FixtureRequest
+) -> None:
+    async with ledger_for(scenario, request) as url:
+        report = await Campaign(scenario, tmp_path, QUICK_RUNS, url)()
     assert report.kills == QUICK_RUNS
     assert report.duplicates == report.lost == 0
 
@@ -476,8 +495,11 @@ async def test_a_quick_crash_at_each_point_loses_and_repeats_nothing(tmp_path: P
 @pytest.mark.slow
 @pytest.mark.timeout(max(600, RUNS * 30))
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.id for s in SCENARIOS])
-async def test_the_crash_campaign_loses_and_repeats_nothing(tmp_path: Path, scenario: Scenario) -> None:
-    report = await Campaign(scenario, tmp_path, RUNS)()
+async def test_the_crash_campaign_loses_and_repeats_nothing(
+    tmp_path: Path, scenario: Scenario, request: pytest.FixtureRequest
+) -> None:
+    async with ledger_for(scenario, request) as url:
+        report = await Campaign(scenario, tmp_path, RUNS, url)()
     print(f"crash campaign {scenario.id}: {report}")  # shown with -rP or -s
     assert report.kills == RUNS
     assert report.duplicates == report.lost == 0
