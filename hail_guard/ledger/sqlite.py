@@ -882,6 +882,8 @@ def _migrate(db: sqlite3.Connection, path: str) -> None:
     """Apply what is missing, all in one write transaction, so processes starting together take turns."""
     known = migrations()
     latest = known[-1][0]
+    if _schema_version(db, path, latest) == latest:
+        return  # the usual start: no write lock taken, so processes starting together do not queue
 
     def apply(db: sqlite3.Connection) -> None:
         current = _schema_version(db, path, latest)
