@@ -407,6 +407,25 @@ async def test_an_error_of_the_sends_themselves_is_not_called_a_ledger_failure(p
         assert await ledger.count_by_state() == {}
 
 
+async def test_a_plan_cancelled_while_the_sends_are_read_records_nothing(postgres_url: str) -> None:
+    async with open_ledger(postgres_url) as ledger:
+        with anyio.CancelScope() as scope:
+
+            def sends() -> Iterator[Intent]:
+                for n, send in enumerate(batch_intents(PLAN_CHUNK * 3)):
+                    if n == PLAN_CHUNK + 1:
+                        scope.cancel()  # the operator pressed Ctrl-C while the file was read
+                    yield send
+
+            await ledger.plan_batch(batch_id="B1", name=None, intents=sends(), state=State.READY, actor="op")
+        assert scope.cancelled_caught
+        assert await ledger.count_by_state() == {}
+        again = await ledger.plan_batch(
+            batch_id="B2", name=None, intents=batch_intents(3), state=State.READY, actor="op"
+        )
+        assert again == 3
+
+
 async def test_known_keys_and_duplicates_past_the_first_chunk_are_named_by_their_position(postgres_url: str) -> None:
     sends = batch_intents(PLAN_CHUNK * 2 + 7)
     taken = PLAN_CHUNK + 4  # a position in the second chunk
