@@ -5,16 +5,23 @@ It behaves exactly like the SQLite ledger (the contract tests run on both); what
 - The clock is the database's `statement_timestamp()`: fixed within one statement (as SQLite's
   'now'), fresh for each statement, so a transaction that waited for a lock measures a lease from
   when it writes it, not from when it began (`now()` is frozen at the start of the transaction).
+  Inside `hg_begin_send` (below) the lease runs from `clock_timestamp()`, read after its locks.
+- Each hot operation is one statement, so one round trip to the server: a claim, an outcome, and
+  `begin_send`, which calls the function `hg_begin_send` (migration 0006) that runs its steps
+  (lease expiry, the key's row, the opt-out and duplicate checks, the insert or the claim, the event)
+  statement by statement on the server. Claims and lease expiry commit on their own; writes of
+  several statements run in a transaction (`_write`). Pooled connections skip the session reset.
 - Claims are single statements over rows taken with `FOR UPDATE SKIP LOCKED`: two workers never
   take the same row and never wait for each other. Completion is fenced on the lease owner.
 - `begin_send` locks the key's row (`FOR UPDATE`) or inserts it with `ON CONFLICT DO NOTHING`;
   the duplicate guard holds a transaction advisory lock on the content, so two new keys for the
   same content cannot both pass it at once.
+- A batch streams in: its sends are staged a chunk at a time (COPY) into a temporary table inside
+  the planning transaction, then checked and copied into the ledger with a few set statements.
 - Migrations are versioned (`hail_guard_schema_version`) and applied under an advisory lock.
 
 Every asyncpg and socket error is mapped to our tree in `_mapped`, and only there; messages name
-the server with the password masked.
-"""
+the server with the password masked."""
 
 from __future__ import annotations
 
