@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 import structlog
 
+from hail_guard.crashpoints import crash_point
 from hail_guard.errors import RefusedByPolicy
 from hail_guard.guard import Guard, claim_token
 from hail_guard.models import BatchStatus, Intent, State
@@ -118,7 +119,6 @@ async def drain(
 
     async def loop() -> None:
         nonlocal sent
-        from hail_guard import crashpoints  # local only while batch.py is being rewritten; belongs at the top
 
         while stop is None or not stop.is_set():
             owner = claim_token()
@@ -127,7 +127,7 @@ async def drain(
             )
             if not claimed:
                 return
-            crashpoints.crash_point("after_claim")
+            crash_point("after_claim")
             for operation in claimed:
                 await guard.dispatch(operation, owner)
                 sent += 1

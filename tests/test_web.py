@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -358,6 +359,12 @@ def connect(url: str, transport: str) -> contextlib.AbstractAsyncContextManager[
     return over_sse(url) if transport == "sse" else over_http(url, transport)
 
 
+# The SDK's SSE server transport closes a session's streams only when its response ends normally: cut by
+# the shutdown, it leaves them to the garbage collector. The test collects them itself, so that the
+# warning lands here, about this known leak, rather than in whichever test runs next.
+@pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <function MemoryObject:pytest.PytestUnraisableExceptionWarning"
+)
 @pytest.mark.parametrize("transport", ["legacy", "auto", "sse"])
 async def test_shutdown_with_a_send_in_flight_records_it_unknown_within_a_bound(tmp_path: Path, transport: str) -> None:
     async with running(tmp_path, "send_email:1:hang_after_accept", timeout_seconds=30) as web:
@@ -377,6 +384,7 @@ async def test_shutdown_with_a_send_in_flight_records_it_unknown_within_a_bound(
     assert operation is not None
     assert operation.state is State.UNKNOWN
     assert len(web.harness.sandbox.outbox) == 1
+    gc.collect()
 
 
 class _Entered:
