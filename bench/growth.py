@@ -19,11 +19,12 @@ and checked for full scans.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -310,8 +311,6 @@ async def postgres_plans(url: str) -> list[dict[str, Any]]:
         "claim_ready": (_pg_names._CLAIM_READY, ("bench", LEASE_SECONDS, WORK_BATCH, 1)),
         "claim_unknown": (_pg_names._CLAIM_UNKNOWN_DUE, ("bench", LEASE_SECONDS, None, 1)),
         "find_by_key": (f"{_pg_names._SELECT} WHERE idempotency_key = $1", ("hist:lead1:email:intro",)),
-        "begin_send: live duplicate": (_pg_names._LIVE_DUPLICATE, (["x" * 64], ["k"], [1], DUPLICATE_WINDOW_SECONDS)),
-        "begin_send: lock key": (_pg_names._LOCK_BY_KEY, ("hist:lead1:email:intro",)),
         "expire leases": (_pg_names._EXPIRE_LEASES, ("bench",)),
     }
     db = await asyncpg.connect(url)
@@ -320,6 +319,59 @@ async def postgres_plans(url: str) -> list[dict[str, Any]]:
         for query, (sql, args) in queries.items():
             lines = [row[0] for row in await db.fetch(f"EXPLAIN {sql}", *args)]
             plans.append({"query": query, "plan": lines, "uses_index": not any(_FULL_SCAN_PG.search(x) for x in lines)})
+        plans.extend(await _begin_send_plans(db))
         return plans
     finally:
         await db.close()
+
+
+async def _begin_send_plans(db: Any) -> list[dict[str, Any]]:
+    """The plan of every statement `begin_send` runs inside `hg_begin_send` (migration 0006), as auto_explain
+    reports them: a new key with the duplicate check, rolled back."""
+    notices: list[str] = []
+    db.add_log_listener(lambda _, message: notices.append(message.message))
+    await db.execute(
+        "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on; "
+        "SET auto_explain.log_format = json; SET auto_explain.log_level = notice"
+    )
+    [intent] = new_intents(1, "plan")
+    transaction = db.transaction()
+    await transaction.start()
+    try:
+        await db.fetchrow(
+            _pg_names._BEGIN_SEND,
+            "plan-op",
+            *_pg_names._intent_values(intent),
+            "bench",
+            LEASE_SECONDS,
+            DUPLICATE_WINDOW_SECONDS,
+            _pg_names.CONTENT_LOCK_SPACE,
+            _pg_names._content_lock(intent),
+            "bench",
+        )
+    finally:
+        await transaction.rollback()
+    plans = []
+    for notice in notices:
+        explained = json.loads(notice.split("plan:", 1)[1])
+        statement = " ".join(explained["Query Text"].split())
+        if "hg_begin_send(" in statement:
+            continue  # the call itself: a function scan
+        lines = list(_plan_lines(explained["Plan"]))
+        plans.append(
+            {
+                "query": f"begin_send: {statement[:70]}",
+                "plan": lines,
+                "uses_index": not any(_FULL_SCAN_PG.search(x) for x in lines),
+            }
+        )
+    return plans
+
+
+def _plan_lines(node: dict[str, Any], depth: int = 0) -> Iterator[str]:
+    using = f" using {node['Index Name']}" if "Index Name" in node else ""
+    on = f" on {node['Relation Name']}" if "Relation Name" in node else ""
+    condition = next((f"  ({k}: {node[k]})" for k in ("Index Cond", "Filter") if k in node), "")
+    yield f"{'  ' * depth}{node['Node Type']}{using}{on}{condition}"
+    for child in node.get("Plans", []):
+        yield from _plan_lines(child, depth + 1)

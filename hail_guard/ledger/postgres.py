@@ -293,19 +293,6 @@ is no such operation, the other columns NULL when it is not ours to record."""
 _EVENT = f"""
     INSERT INTO events (operation_id, at, from_state, to_state, actor, reason) VALUES ($1, {NOW}, $2, $3, $4, $5)
 """
-# The key lookup and the duplicate check that `hg_begin_send` runs (migration 0006), as statements of
-# their own, for bench/growth.py, which EXPLAINs them by these names. The ledger does not run them:
-# remove them once the benchmark reads the function's own plans.
-_LOCK_BY_KEY = f"{_SELECT} WHERE idempotency_key = $1 FOR UPDATE"
-_LIVE_DUPLICATE = f"""
-    SELECT wanted.position, {", ".join(f"o.{name}" for name in _NAMES)}
-    FROM unnest($1::text[], $2::text[], $3::int[]) AS wanted (content_fingerprint, idempotency_key, position)
-    JOIN operations o ON o.content_fingerprint = wanted.content_fingerprint
-        AND o.idempotency_key <> wanted.idempotency_key
-    WHERE o.state IN {_LIVE_STATES} AND o.created_at >= {NOW} - $4::float8 * interval '1 second'
-    ORDER BY wanted.position, o.created_at DESC
-    LIMIT 1
-"""
 _IS_SUPPRESSED = f"SELECT {_opted_out('$1::text[]', '$2')}"
 _LOCK_CONTENT = "SELECT pg_advisory_xact_lock($1, bucket) FROM unnest($2::int[]) AS bucket"
 
