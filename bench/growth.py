@@ -270,7 +270,8 @@ def figures(ledger: str, small: Timings, large: Timings) -> list[Figure]:
 # --- query plans ---------------------------------------------------------------------------------
 
 _SQLITE_QUERIES = {
-    "claim_ready": _sqlite_names._CLAIM_READY,
+    "claim_ready (one batch)": _sqlite_names._CLAIM_READY_IN_BATCH,
+    "claim_ready (any batch)": _sqlite_names._CLAIM_READY_ANY,
     "claim_unknown": _sqlite_names._CLAIM_UNKNOWN,
     "find_by_key": f"{_sqlite_names._SELECT} WHERE idempotency_key = ?",
     "begin_send: live duplicate": _sqlite_names._LIVE_DUPLICATE,

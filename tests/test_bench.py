@@ -5,12 +5,15 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from bench.figures import Figure, Report, markdown, percentile, print_report
+from bench.growth import sqlite_plans
 from bench.suite import QUICK, Options, run_suite
+from hail_guard.ledger import open_ledger
 from tests import postgres
 
 
@@ -74,3 +77,12 @@ def test_a_report_prints_as_a_table_as_json_and_as_markdown() -> None:
 def test_p99_is_the_nearest_rank() -> None:
     assert percentile([float(n) for n in range(1, 101)], 0.99) == 99.0
     assert percentile([5.0], 0.99) == 5.0
+
+
+async def test_every_sqlite_statement_the_growth_case_explains_is_planned_on_an_index(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    async with open_ledger(url):
+        pass  # created and migrated
+    plans = sqlite_plans(url)
+    assert {plan["query"] for plan in plans} >= {"claim_ready (one batch)", "claim_ready (any batch)", "find_by_key"}
+    assert all(plan["uses_index"] for plan in plans), plans
