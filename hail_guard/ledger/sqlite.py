@@ -9,7 +9,6 @@ the file: SQLite's own locking plus a busy timeout. Every sqlite3 error is mappe
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import os
@@ -217,19 +216,20 @@ _T = TypeVar("_T")
 
 
 class SqliteLedger:
-    def __init__(self, connection: sqlite3.Connection, path: str) -> None:
+    def __init__(self, connection: sqlite3.Connection, path: str, busy_timeout_seconds: float) -> None:
         self._db = connection
         self._path = path
-        self._thread = anyio.CapacityLimiter(1)
+        self._busy_timeout_ms = int(busy_timeout_seconds * 1000)
+        self._turn = anyio.Lock()
         """One call on the connection at a time; a call's statements never interleave with another's."""
 
     async def now(self) -> datetime:
-        return _time(await self._run(_scalar, f"SELECT {NOW}"))
+        return _time(await self._quick_run(_scalar, f"SELECT {NOW}"))
 
     async def begin_send(
         self, intent: Intent, *, owner: str, lease_seconds: float, duplicate_window_seconds: float | None = None
     ) -> Begin:
-        return await self._write(_begin_send, intent, owner, lease_seconds, duplicate_window_seconds)
+        return await self._quick_write(_begin_send, intent, owner, lease_seconds, duplicate_window_seconds)
 
     async def plan_batch(
         self,
@@ -263,7 +263,7 @@ class SqliteLedger:
     async def claim_ready(
         self, *, owner: str, lease_seconds: float, batch_id: str | None = None, limit: int = 1
     ) -> list[Operation]:
-        return await self._write(_claim_ready, owner, lease_seconds, batch_id, limit)
+        return await self._quick_write(_claim_ready, owner, lease_seconds, batch_id, limit)
 
     async def batch_status(self, batch_id: str) -> BatchStatus:
         return await self._run(_batch_status, batch_id)
@@ -287,7 +287,7 @@ class SqliteLedger:
         ]
 
     async def is_suppressed(self, recipients: Sequence[str], channel: str) -> bool:
-        return await self._run(_suppressed, recipients, channel)
+        return await self._quick_run(_suppressed, recipients, channel)
 
     async def observe_tools(self, fingerprints: Mapping[str, str]) -> list[ToolPin]:
         return await self._write(_observe_tools, dict(fingerprints))
@@ -311,7 +311,7 @@ class SqliteLedger:
         return await self._run(_one, query, (state.value,))
 
     async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
-        return await self._write(_record_outcome, operation_id, owner, outcome, actor)
+        return await self._quick_write(_record_outcome, operation_id, owner, outcome, actor)
 
     async def claim_unknown(
         self,
@@ -323,13 +323,13 @@ class SqliteLedger:
         limit: int = 100,
     ) -> list[Operation]:
         params = (owner, lease_seconds, batch_id, batch_id, operation_id, operation_id, operation_id, limit)
-        return await self._write(_claim_unknown, params)
+        return await self._quick_write(_claim_unknown, params)
 
     async def get(self, operation_id: str) -> Operation:
-        return await self._run(_must, operation_id)
+        return await self._quick_run(_must, operation_id)
 
     async def find_by_key(self, idempotency_key: str) -> Operation | None:
-        return await self._run(_one, f"{_SELECT} WHERE idempotency_key = ?", (idempotency_key,))
+        return await self._quick_run(_one, f"{_SELECT} WHERE idempotency_key = ?", (idempotency_key,))
 
     async def list_operations(
         self,
@@ -431,26 +431,66 @@ class SqliteLedger:
             return await anyio.to_thread.run_sync(_backup_file, self._path, path)
 
     async def aclose(self) -> None:
-        await self._run(sqlite3.Connection.close)
+        async with self._turn:
+            with _mapped(self._path):
+                await anyio.to_thread.run_sync(self._db.close)
 
     async def _write(
         self, work: Callable[Concatenate[sqlite3.Connection, _P], _T], *args: _P.args, **kwargs: _P.kwargs
     ) -> _T:
         """`work` as one `BEGIN IMMEDIATE` transaction: committed if it returns, rolled back if it raises."""
-        return await self._run(_transaction, lambda db: work(db, *args, **kwargs))
+        return await self._call(lambda db: _transaction(db, lambda db: work(db, *args, **kwargs)), quick=False)
+
+    async def _quick_write(
+        self, work: Callable[Concatenate[sqlite3.Connection, _P], _T], *args: _P.args, **kwargs: _P.kwargs
+    ) -> _T:
+        """`_write` for a short transaction of the send path: see `_call`."""
+        return await self._call(lambda db: _transaction(db, lambda db: work(db, *args, **kwargs)), quick=True)
 
     async def _run(
         self, work: Callable[Concatenate[sqlite3.Connection, _P], _T], *args: _P.args, **kwargs: _P.kwargs
     ) -> _T:
-        """`work(connection, ...)` whole on the connection's thread: one round trip.
+        """`work(connection, ...)` with no transaction of ours (reads, the staging table)."""
+        return await self._call(lambda db: work(db, *args, **kwargs), quick=False)
 
-        A call that has started is never abandoned (to_thread does not abandon it on cancellation):
-        it is short, and one left half-way would leave the connection inside a transaction.
+    async def _quick_run(
+        self, work: Callable[Concatenate[sqlite3.Connection, _P], _T], *args: _P.args, **kwargs: _P.kwargs
+    ) -> _T:
+        return await self._call(lambda db: work(db, *args, **kwargs), quick=True)
+
+    async def _call(self, call: Callable[[sqlite3.Connection], _T], *, quick: bool) -> _T:
+        """Run `call` whole, one at a time on the connection.
+
+        A quick call (the few short statements of the send path) first runs right here, without
+        waiting for any lock: the connection's busy timeout is 0, so a ledger another process is
+        writing answers "busy" at once instead of blocking the event loop. Only then, and for every
+        other call, it runs on a worker thread with the configured busy timeout: one round trip,
+        about 0.4 ms here, which is what a quick call saves. A call that has started is never
+        abandoned (to_thread does not abandon it on cancellation): one left half-way would leave the
+        connection inside a transaction. A busy quick call is simply run again: its transaction
+        never began, or was rolled back.
         """
-        with _mapped(self._path):
-            return await anyio.to_thread.run_sync(
-                functools.partial(work, self._db, *args, **kwargs), limiter=self._thread
-            )
+        async with self._turn:
+            with _mapped(self._path):
+                if quick:
+                    try:
+                        return call(self._db)
+                    except sqlite3.OperationalError as exc:
+                        if exc.sqlite_errorcode not in _BUSY:
+                            raise
+                return await anyio.to_thread.run_sync(_waiting, self._db, call, self._busy_timeout_ms)
+
+
+_BUSY = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+
+
+def _waiting(db: sqlite3.Connection, call: Callable[[sqlite3.Connection], _T], busy_timeout_ms: int) -> _T:
+    """`call` allowed to wait up to the busy timeout for another process's lock."""
+    db.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
+    try:
+        return call(db)
+    finally:
+        db.execute("PRAGMA busy_timeout = 0")
 
 
 def _transaction(db: sqlite3.Connection, work: Callable[[sqlite3.Connection], _T]) -> _T:
@@ -469,25 +509,27 @@ def _transaction(db: sqlite3.Connection, work: Callable[[sqlite3.Connection], _T
 async def open_sqlite_ledger(path: str, *, busy_timeout_seconds: float = 5.0) -> AsyncIterator[SqliteLedger]:
     """Open the file (created 0600 with its folder), switch on WAL and migrate it."""
     with _mapped(path):
-        connection = await anyio.to_thread.run_sync(_connect, path, busy_timeout_seconds)
-    ledger = SqliteLedger(connection, path)
+        connection = await anyio.to_thread.run_sync(_connect, path)
+    ledger = SqliteLedger(connection, path, busy_timeout_seconds)
     try:
-        await ledger._run(_prepare, path, busy_timeout_seconds)
+        await ledger._run(_prepare, path)
         yield ledger
     finally:
         with anyio.CancelScope(shield=True):
             await ledger.aclose()
 
 
-def _connect(path: str, busy_timeout_seconds: float) -> sqlite3.Connection:
+def _connect(path: str) -> sqlite3.Connection:
     _create_private(path)
     refuse_network_filesystem(path)
-    # Autocommit: transactions are ours (`_transaction`). Used by one thread at a time (the limiter).
-    return sqlite3.connect(path, timeout=busy_timeout_seconds, isolation_level=None, check_same_thread=False)
+    # Autocommit: transactions are ours (`_transaction`). Used by one caller at a time (`SqliteLedger._call`),
+    # which sets the busy timeout for each call.
+    return sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
 
 
-def _prepare(db: sqlite3.Connection, path: str, busy_timeout_seconds: float) -> None:
-    db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_seconds * 1000)}")
+def _prepare(db: sqlite3.Connection, path: str) -> None:
+    """Run through `_waiting`, so under the busy timeout."""
+    busy_timeout_seconds = db.execute("PRAGMA busy_timeout").fetchone()[0] / 1000
     # Opt-outs compare recipients exactly as Python normalises them (Unicode case included).
     db.create_function("hg_normalise", 1, normalise_recipient, deterministic=True)
     _switch_to_wal(db, busy_timeout_seconds)
