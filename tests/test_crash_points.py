@@ -527,7 +527,9 @@ async def test_a_reconcile_killed_on_one_operation_leaves_the_others_free(tmp_pa
         process = forked.start(campaign.hg("serve"), logs=campaign.logs, stdio=True)
         async with process.mcp_client() as client:
             answer = _data(await client.call_tool("reconcile", {}))
-        assert [view["state"] for view in answer["reconciled"]] == ["accepted", "accepted"]
+        # Both settled at once, not left held: accepted, or failed for an SMS the carrier refuses (the seed's pick).
+        assert len(answer["reconciled"]) == 2
+        assert {view["state"] for view in answer["reconciled"]} <= {"accepted", "failed"}
         assert await process.wait(RUN_SECONDS) == 0
         process.close()
     finally:
