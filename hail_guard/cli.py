@@ -54,6 +54,18 @@ log = structlog.get_logger(__name__)
 _STATES = [state.value for state in State]
 
 
+async def drill_command(args: argparse.Namespace, settings: Settings) -> int:
+    """The drill's report on stdout; 0 only when every scenario holds."""
+    from hail_guard import drill
+
+    report = await drill.run_from_args(args, settings)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        drill.print_report(report, Console())
+    return drill.EXIT_OK if report.passed else drill.EXIT_FAILED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = _parser(argv)
@@ -90,7 +102,7 @@ def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         from hail_guard import drill
 
         drill.add_arguments(rehearsal)
-        rehearsal.set_defaults(run=drill.run_from_args)
+        rehearsal.set_defaults(run=drill_command)
 
     serve = commands.add_parser("serve", help="run the MCP proxy (stdio; or SSE and Streamable HTTP)")
     serve.add_argument(

@@ -11,7 +11,7 @@ stops the drill. Every random choice (lead order, where the batch dies, who opts
 seed, so a failing run can be replayed with `--seed`.
 
 `run_drill` is the drill itself; `add_arguments` and `run_from_args` are the command's edge (the
-report goes to stdout, the progress bar to stderr).
+progress bar goes to stderr; `hail-guard drill` in cli.py prints the report with `print_report`).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ HELD_KEY_MS: Final = 60_000
 """How long another caller holds the key upstream in scenario 8 (released early by the drill)."""
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
-"""A scenario did not hold."""
+"""`hail-guard drill`: a scenario did not hold."""
 
 
 @dataclass(frozen=True)
@@ -779,8 +779,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-async def run_from_args(ns: argparse.Namespace, settings: Settings) -> int:
-    """Run the drill; print the report; 0 only when every scenario holds."""
+async def run_from_args(ns: argparse.Namespace, settings: Settings) -> DrillReport:
+    """Run the drill as `hail-guard drill` was asked to, with a progress bar on stderr."""
     if settings.log.level != "debug":
         configure_logging("error")  # the faults are deliberate: their warnings would only be noise
     options = DrillOptions(
@@ -796,16 +796,11 @@ async def run_from_args(ns: argparse.Namespace, settings: Settings) -> int:
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         total = len(options.scenarios) or len(SCENARIOS)
         task = bar.add_task("drill", total=total)
-        report = await run_drill(
+        return await run_drill(
             options,
             started=lambda scenario: bar.update(task, description=f"{scenario.number}. {scenario.name}"),
             finished=lambda _: bar.advance(task),
         )
-    if ns.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        print_report(report, Console())
-    return EXIT_OK if report.passed else EXIT_FAILED
 
 
 def print_report(report: DrillReport, console: Console) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from hail_guard import drill, policy
+from hail_guard import cli, drill, policy
 from hail_guard.batch import Batches
 from hail_guard.config import Settings
 from hail_guard.drill import DrillOptions, DrillReport, Scenario, run_drill
@@ -55,7 +55,7 @@ def command(*argv: str) -> argparse.Namespace:
 async def test_the_command_with_the_default_leads_prints_a_table_and_exits_0(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = await drill.run_from_args(command("--seed", "42"), Settings())
+    code = await cli.drill_command(command("--seed", "42"), Settings())
     out = capsys.readouterr().out
     assert code == drill.EXIT_OK
     assert "All 12 scenarios hold: nobody got a message twice and nothing was lost" in out
@@ -66,7 +66,7 @@ async def test_the_command_with_the_default_leads_prints_a_table_and_exits_0(
 
 async def test_every_scenario_holds_on_a_small_batch_and_the_json_parses(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ("--json", "--leads", str(SMALL), "--workers", "3", "--seed", "5")
-    code = await drill.run_from_args(command(*argv), Settings())
+    code = await cli.drill_command(command(*argv), Settings())
     report = json.loads(capsys.readouterr().out)
     assert code == drill.EXIT_OK
     assert report["passed"] is True
@@ -90,7 +90,7 @@ async def test_every_scenario_holds_on_a_small_batch_and_the_json_parses(capsys:
 
 
 async def test_without_a_seed_one_is_chosen_and_printed(capsys: pytest.CaptureFixture[str]) -> None:
-    code = await drill.run_from_args(command("--json", "--scenario", "4"), Settings())
+    code = await cli.drill_command(command("--json", "--scenario", "4"), Settings())
     report = json.loads(capsys.readouterr().out)
     assert code == drill.EXIT_OK
     assert isinstance(report["seed"], int)
@@ -102,7 +102,7 @@ async def test_a_failing_scenario_exits_1_and_says_how_to_replay_it(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     no_duplicate_window(monkeypatch)
-    code = await drill.run_from_args(command("--json", "--seed", "9", "--scenario", "11"), Settings())
+    code = await cli.drill_command(command("--json", "--seed", "9", "--scenario", "11"), Settings())
     report = json.loads(capsys.readouterr().out)
     assert code == drill.EXIT_FAILED
     assert report["passed"] is False
@@ -117,7 +117,7 @@ async def test_the_table_names_the_failed_check(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     no_duplicate_window(monkeypatch)
-    code = await drill.run_from_args(command("--scenario", "11", "--seed", "3"), Settings())
+    code = await cli.drill_command(command("--scenario", "11", "--seed", "3"), Settings())
     out = capsys.readouterr().out
     assert code == drill.EXIT_FAILED
     assert "FAILS" in out
@@ -128,7 +128,7 @@ async def test_a_configured_duplicate_window_of_0_is_rehearsed_and_fails_scenari
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     settings = Settings.model_validate({"guard": {"duplicate_window_hours": 0}})
-    code = await drill.run_from_args(command("--json", "--scenario", "11", "--seed", "1"), settings)
+    code = await cli.drill_command(command("--json", "--scenario", "11", "--seed", "1"), settings)
     assert code == drill.EXIT_FAILED
     assert json.loads(capsys.readouterr().out)["scenarios"][0]["sent"] == 2
 
