@@ -1,10 +1,11 @@
 """`hail-guard sandbox`: run the fake Hail over Streamable HTTP from the command line.
 
-    hail-guard sandbox --host 127.0.0.1 --port 8081 [--token-env NAME] [--fault SPEC]...
+    hail-guard sandbox --host 127.0.0.1 --port 8081 [--token-env NAME | --oauth] [--fault SPEC]...
                        [--outbox PATH] [--latency-ms MS] [--delivery-delay-seconds S]
 
 The bearer token is read from the environment variable named by `--token-env`; without the flag,
-from `HAIL_API_KEY` if that is set, else the sandbox takes calls without a token. The token is
+from `HAIL_API_KEY` if that is set, else the sandbox takes calls without a token. With `--oauth` it
+signs clients in like hosted Hail instead (`oauth.py`: `hail-guard login` against it). Tokens are
 never logged. Logs go to stderr.
 """
 
@@ -22,6 +23,7 @@ import anyio
 
 from hail_guard.sandbox.faults import SPEC_FORMAT, Fault, parse_fault
 from hail_guard.sandbox.http import serve_http
+from hail_guard.sandbox.oauth import AuthorizationServer
 from hail_guard.sandbox.service import DEFAULT_DELIVERY_DELAY_SECONDS, Sandbox
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"environment variable holding the bearer token (default {DEFAULT_TOKEN_ENV}, if set)",
     )
     parser.add_argument(
+        "--oauth",
+        action="store_true",
+        help="sign clients in with OAuth like hosted Hail (discovery, registration, auto-approved sign-in, refresh)",
+    )
+    parser.add_argument(
         "--fault",
         type=_fault,
         action="append",
@@ -87,10 +94,12 @@ def _token(token_env: str | None) -> str | None:
     return token
 
 
-async def _serve_until_signalled(sandbox: Sandbox, host: str, port: int, token: str | None) -> None:
+async def _serve_until_signalled(
+    sandbox: Sandbox, host: str, port: int, token: str | None, oauth: AuthorizationServer | None
+) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with anyio.create_task_group() as tg:
-            await tg.start(serve_http, sandbox, host, port, token)
+            await tg.start(partial(serve_http, sandbox, host, port, token, oauth=oauth))
             async for signum in signals:
                 log.info("sandbox_stopping signal=%s", signal.Signals(signum).name)
                 tg.cancel_scope.cancel()
@@ -109,7 +118,7 @@ def run_from_args(ns: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     try:
-        token = _token(ns.token_env)
+        token = None if ns.oauth else _token(ns.token_env)
     except LookupError:
         log.error("sandbox_token_missing env=%s", ns.token_env)
         return EXIT_USAGE
@@ -121,7 +130,8 @@ def run_from_args(ns: argparse.Namespace) -> int:
     )
     log.info("sandbox_starting faults=%s outbox=%s", [f.spec() for f in sandbox.faults] or "none", ns.outbox)
     try:
-        anyio.run(partial(_serve_until_signalled, sandbox, ns.host, ns.port, token))
+        oauth = AuthorizationServer() if ns.oauth else None
+        anyio.run(partial(_serve_until_signalled, sandbox, ns.host, ns.port, token, oauth))
     except (OSError, ExceptionGroup) as error:
         cause = _os_error(error)
         if cause is None:

@@ -1,5 +1,8 @@
 """The sandbox over Streamable HTTP, like the real Hail: MCP at `/`, `GET /healthz`, bearer auth.
 
+With an `AuthorizationServer` (`oauth.py`), like hosted Hail: its endpoints are served beside MCP, and
+every request to `/` needs an access token it issued (else 401 with `WWW-Authenticate`); no static token.
+
 With a token, a POST whose JSON-RPC messages are all `initialize`, `ping`, `tools/list`,
 `server/discover` or notifications is served without it; any other request (`tools/call`
 above all) needs `Authorization: Bearer <token>` or gets HTTP 401. The gate reads the body to
@@ -37,6 +40,7 @@ from hail_guard.sandbox.server import DROP_SCOPE_KEY
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
+    from hail_guard.sandbox.oauth import AuthorizationServer
     from hail_guard.sandbox.service import Sandbox
 
 log = logging.getLogger(__name__)
@@ -52,13 +56,14 @@ async def _healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-def build_http_app(sandbox: Sandbox, token: str | None) -> Starlette:
+def build_http_app(sandbox: Sandbox, token: str | None, oauth: AuthorizationServer | None = None) -> Starlette:
+    routes = [Route("/healthz", _healthz, methods=["GET"]), *(oauth.routes() if oauth is not None else [])]
     app = sandbox.server().streamable_http_app(
         streamable_http_path="/",
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-        custom_starlette_routes=[Route("/healthz", _healthz, methods=["GET"])],
+        custom_starlette_routes=routes,
     )
-    app.add_middleware(_Gate, token=token)
+    app.add_middleware(_Gate, token=token, oauth=oauth)
     return app
 
 
@@ -109,16 +114,23 @@ def _replaying(body: bytes, receive: Receive) -> Receive:
 
 
 class _Gate:
-    """Bearer check for calls, and the abortable response `drop_after_accept` needs."""
+    """Bearer check for calls (with OAuth: for every request), and the abortable response `drop_after_accept` needs."""
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, token: str | None, oauth: AuthorizationServer | None = None) -> None:
         self.app = app
         self.expected = None if token is None else f"Bearer {token}".encode()
+        self.oauth = oauth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != "/":
             await self.app(scope, receive, send)
             return
+        if self.oauth is not None:
+            request = Request(scope)
+            if not self.oauth.accepts(request.headers.get("authorization", ""), str(request.base_url)):
+                log.info("sandbox_unauthorised_call")
+                await self.oauth.challenge(request)(scope, receive, send)
+                return
         if self.expected is not None and scope["method"] == "POST" and not self._authorised(scope):
             body = await _read_body(receive)
             if body is None:
@@ -215,6 +227,7 @@ async def serve_http(
     port: int,
     token: str | None,
     *,
+    oauth: AuthorizationServer | None = None,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `sandbox` until cancelled; `tg.start(serve_http, ...)` returns the URL once it listens.
@@ -224,7 +237,7 @@ async def serve_http(
     """
     started = anyio.Event()
     config = uvicorn.Config(
-        _signalling_startup(sandbox.http_app(token), started),
+        _signalling_startup(sandbox.http_app(token, oauth), started),
         log_config=None,
         lifespan="on",
         server_header=False,
@@ -250,7 +263,8 @@ async def serve_http(
                 await started.wait()
                 if stopped.is_set():
                     raise RuntimeError(f"the sandbox HTTP server at {url} stopped while starting")
-                log.info("sandbox_listening url=%s auth=%s", url, "bearer" if token else "none")
+                auth = "oauth" if oauth is not None else "bearer" if token else "none"
+                log.info("sandbox_listening url=%s auth=%s", url, auth)
                 task_status.started(url)
                 await stopped.wait()
             finally:

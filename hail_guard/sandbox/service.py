@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from mcp.server import Server
     from starlette.applications import Starlette
 
+    from hail_guard.sandbox.oauth import AuthorizationServer
+
 log = logging.getLogger(__name__)
 
 DEFAULT_DELIVERY_DELAY_SECONDS: Final = 2.0
@@ -125,11 +127,12 @@ class Sandbox:
 
         return build_server(self)
 
-    def http_app(self, token: str | None) -> Starlette:
-        """The Streamable HTTP app: MCP at `/`, `GET /healthz`; `tools/call` needs `token` if set."""
+    def http_app(self, token: str | None, oauth: AuthorizationServer | None = None) -> Starlette:
+        """The Streamable HTTP app: MCP at `/`, `GET /healthz`; `tools/call` needs `token` if set; with
+        `oauth`, its endpoints too, and every MCP request needs a token it issued."""
         from hail_guard.sandbox.http import build_http_app  # here: http.py imports this module
 
-        return build_http_app(self, token)
+        return build_http_app(self, token, oauth)
 
     async def invoke(self, tool: str, arguments: Mapping[str, Any] | None) -> Answer:
         """Answer one tool call as Hail would."""
