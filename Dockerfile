@@ -16,7 +16,8 @@ RUN useradd --create-home --uid 10001 hailguard \
 COPY --from=build /opt/hail-guard /opt/hail-guard
 ENV PATH=/opt/hail-guard/bin:$PATH \
     PYTHONUNBUFFERED=1 \
-    HAIL_GUARD_LEDGER_URL=sqlite:////data/ledger.db
+    HAIL_GUARD_LEDGER_URL=sqlite:////data/ledger.db \
+    HAIL_GUARD_UPSTREAM_SIGNIN_DIR=/data/signin
 USER hailguard
 VOLUME ["/data"]
 ENTRYPOINT ["hail-guard", "serve"]

@@ -23,6 +23,7 @@ from hail_guard.upstream import UpstreamTarget, connect_upstream
 
 if TYPE_CHECKING:
     from hail_guard.metrics import Metrics  # only HTTP serving counts: prometheus_client stays out of stdio
+    from hail_guard.oauth import SignIn
 
 log = structlog.get_logger(__name__)
 
@@ -41,7 +42,16 @@ def upstream_target(settings: Settings) -> UpstreamTarget:
         return UpstreamTarget(kind="inprocess", server=Sandbox(outbox_path=upstream.sandbox_outbox).server())
     if kind == "stdio":
         return UpstreamTarget(kind="stdio", command=tuple(upstream.command or ()), token=upstream.token())
-    return UpstreamTarget(kind=kind, url=upstream.url, token=upstream.token())
+    token = upstream.token()
+    signed_in = sign_in(settings) if kind == "http" and token is None else None
+    return UpstreamTarget(kind=kind, url=upstream.url, token=token, credentials=signed_in)
+
+
+def sign_in(settings: Settings) -> SignIn:
+    """The stored sign-in (`hail-guard login`) for the configured upstream: used when no API key is set."""
+    from hail_guard.oauth import SignIn, TokenStore  # here: only an HTTP upstream without a key needs it
+
+    return SignIn(TokenStore(settings.upstream.url or "", settings.upstream.signin_dir))
 
 
 def guard_settings(settings: Settings) -> GuardSettings:

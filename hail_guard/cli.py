@@ -32,6 +32,7 @@ try:
     import anyio.to_thread
     import structlog
     from rich.console import Console  # imported by structlog anyway
+    from rich.markup import escape
 
     from hail_guard import __version__, app, keys, policy, review
     from hail_guard.batch import read_batch_file, run_worker
@@ -49,6 +50,8 @@ finally:
 
 if TYPE_CHECKING:
     from rich.table import Table
+
+    from hail_guard import oauth
 
 log = structlog.get_logger(__name__)
 _STATES = [state.value for state in State]
@@ -145,6 +148,7 @@ def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     accept.add_argument("tools", nargs="*", help="tool names (default: every changed tool)")
     accept.set_defaults(run=_upstream_accept)
 
+    _signin_commands(commands)
     _ops_commands(commands)
     _review_commands(commands)
     backup = commands.add_parser("backup", help="copy the SQLite ledger, online, to a new file")
@@ -369,6 +373,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
             }
             for pin in pins
         ],
+        "signin": await _signin_report(settings),
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -385,7 +390,104 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
         f"[bold]upstream tools[/bold] (as last seen): {len(pins)}"
         + (f"; CHANGED since accepted: {', '.join(changed)} (`hail-guard upstream accept`)" if changed else "")
     )
+    console.print(f"[bold]sign-in[/bold]: {escape(_signin_line(report['signin']))}", highlight=False, soft_wrap=True)
     return 0
+
+
+def _signin_commands(commands: Any) -> None:
+    login = commands.add_parser("login", help="sign in to an upstream that uses OAuth (hosted Hail): no API key")
+    login.add_argument("--upstream", metavar="URL", help="the upstream to sign in to (default: [upstream] url)")
+    login.add_argument("--no-browser", action="store_true", help="only print the address to open; open no browser")
+    login.add_argument("--port", type=int, help="receive the browser's redirect on 127.0.0.1:PORT (default: any)")
+    login.set_defaults(run=_login)
+    logout = commands.add_parser("logout", help="forget the sign-in (and revoke it where the upstream allows)")
+    logout.add_argument("--upstream", metavar="URL", help="the upstream to sign out of (default: [upstream] url)")
+    logout.set_defaults(run=_logout)
+
+
+def _signin_store(upstream: str | None, settings: Settings) -> oauth.TokenStore:
+    from hail_guard import oauth
+
+    url = upstream or (settings.upstream.url if settings.upstream.kind == "http" else None)
+    if not url:
+        raise ConfigError(
+            "which upstream? Pass --upstream URL (hosted Hail: https://mcp.hail.so) or set [upstream] url"
+        )
+    return oauth.TokenStore(url, settings.upstream.signin_dir)
+
+
+async def _login(args: argparse.Namespace, settings: Settings) -> int:
+    from hail_guard import oauth
+
+    store = _signin_store(args.upstream, settings)
+
+    async def show(address: str) -> None:
+        print(f"To sign in to {store.key}, open this address in a browser:\n\n    {address}\n", file=sys.stderr)
+        sys.stderr.flush()
+        if not args.no_browser and _has_display():
+            import webbrowser  # here: only a sign-in opens a browser
+
+            await anyio.to_thread.run_sync(webbrowser.open, address)
+
+    record = await oauth.login(store, show=show, port=args.port)
+    print(f"signed in: {_signin_line(_signed_in(record))}")
+    return 0
+
+
+async def _logout(args: argparse.Namespace, settings: Settings) -> int:
+    from hail_guard import oauth
+
+    print(await oauth.logout(_signin_store(args.upstream, settings)))
+    return 0
+
+
+def _has_display() -> bool:
+    """Whether a browser can be shown (without one, a console browser would take the terminal over)."""
+    return sys.platform in ("darwin", "win32") or bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+async def _signin_report(settings: Settings) -> dict[str, Any]:
+    """How hail-guard authenticates to the upstream: an API key, a sign-in (who, until when), or nothing."""
+    upstream = settings.upstream
+    if upstream.kind == "sandbox":
+        return {"method": "none", "note": "the built-in sandbox needs no sign-in"}
+    if upstream.token() is not None:
+        return {"method": "api_key", "note": f"an API key from ${upstream.token_env}"}
+    if upstream.kind != "http":
+        return {"method": "none", "note": f"no API key in ${upstream.token_env}"}
+    store = _signin_store(None, settings)
+    try:
+        record = await anyio.to_thread.run_sync(store.load)
+    except ConfigError as exc:
+        return {"method": "none", "upstream": store.key, "note": str(exc)}
+    if record is None:
+        hint = f"not signed in to {store.key}: run `hail-guard login` (or set ${upstream.token_env})"
+        return {"method": "none", "upstream": store.key, "note": hint}
+    return _signed_in(record)
+
+
+def _signed_in(record: oauth.SignInRecord) -> dict[str, Any]:
+    from hail_guard.oauth import upstream_key
+
+    until = datetime.fromtimestamp(record.expires_at, UTC) if record.expires_at is not None else None
+    return {
+        "method": "oauth",
+        "upstream": upstream_key(record.upstream),
+        "account": record.account,
+        "signed_in_at": record.signed_in_at.isoformat(),
+        "renewed_at": record.renewed_at.isoformat() if record.renewed_at else None,
+        "access_until": until.isoformat() if until else None,
+    }
+
+
+def _signin_line(report: dict[str, Any]) -> str:
+    if report["method"] != "oauth":
+        return str(report["note"])
+    who = report["account"] or "an account it does not name"
+    since = datetime.fromisoformat(report["signed_in_at"]).strftime("%Y-%m-%d %H:%M")
+    until = report["access_until"]
+    expiry = f"access until {datetime.fromisoformat(until):%Y-%m-%d %H:%M} UTC" if until else "no stated expiry"
+    return f"{who} at {report['upstream']}, since {since} UTC; {expiry}, renewed automatically"
 
 
 async def _migrate(args: argparse.Namespace, settings: Settings) -> int:

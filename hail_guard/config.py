@@ -4,7 +4,8 @@ The file comes from `--config` or `HAIL_GUARD_CONFIG`; without one every setting
 the in-process sandbox as upstream (nothing real is sent) and a ledger in the per-user data folder.
 Environment overrides are `HAIL_GUARD_<SECTION>_<KEY>` (e.g. `HAIL_GUARD_LEDGER_URL`,
 `HAIL_GUARD_UPSTREAM_URL`, `HAIL_GUARD_UPSTREAM_TIMEOUT_SECONDS`). The upstream token is never stored
-here: `token_env` names the variable that holds it. The HTTP server's own token comes from the variable
+here: `token_env` names the variable that holds it; without one, an HTTP upstream gets the sign-in that
+`hail-guard login` kept in `signin_dir`. The HTTP server's own token comes from the variable
 `[http] token_env` names (default `HAIL_GUARD_TOKEN`), else from `[http] token`; the variable wins.
 Hail's webhook signing secret likewise lives only in the variable `[webhooks] secret_env` names.
 """
@@ -51,9 +52,11 @@ class UpstreamSettings(_Section):
     timeout_seconds: float = Field(default=45.0, gt=0, le=3600)
     key_retention_hours: float = Field(default=24.0, gt=0)
     sandbox_outbox: str | None = None
+    """With the built-in sandbox: append what it "sent" to this JSON Lines file."""
     pin_tools: bool = False
     """Refuse a guarded tool whose description or schema changed until `hail-guard upstream accept`."""
-    """With the built-in sandbox: append what it "sent" to this JSON Lines file."""
+    signin_dir: str | None = None
+    """Where `hail-guard login` keeps its tokens (one file per upstream); None: `signin/` in the user's data folder."""
 
     @field_validator("command", mode="before")
     @classmethod

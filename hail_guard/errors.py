@@ -9,6 +9,7 @@
     │   └── LeaseLost              a fenced write lost its lease: another worker owns the operation
     ├── UpstreamError          talking to Hail went wrong
     │   ├── UpstreamUnavailable    nothing was sent: could not connect
+    │   │   └── SignInRequired         nothing was sent: an operator must run `hail-guard login`
     │   └── UpstreamLost           the request may have left: timeout, dropped connection
     ├── RefusedByPolicy        the request is refused before anything is recorded
     │   ├── KeyConflict            an existing key with a different request
@@ -66,6 +67,10 @@ class UpstreamError(HailGuardError):
 
 class UpstreamUnavailable(UpstreamError):
     """The upstream could not be reached; the request was not sent."""
+
+
+class SignInRequired(UpstreamUnavailable):
+    """The upstream needs a sign-in that hail-guard does not have (none, refused, revoked); nothing was sent."""
 
 
 class UpstreamLost(UpstreamError):

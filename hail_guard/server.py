@@ -26,6 +26,7 @@ from hail_guard.errors import (
     NotFound,
     OutcomeNotRecorded,
     RefusedByPolicy,
+    SignInRequired,
     UpstreamError,
 )
 from hail_guard.guard import ALLOW_DUPLICATE, Guard, SendReport
@@ -236,6 +237,10 @@ class UpstreamTools(Protocol):
     def connected(self) -> bool:
         """True while a connection to Hail is up (readiness probes read it)."""
 
+    @property
+    def sign_in_problem(self) -> str | None:
+        """Why an operator must run `hail-guard login` before anything is sent; None: no need."""
+
     async def list_tools(self) -> list[types.Tool]: ...
 
     async def call_tool(
@@ -357,6 +362,8 @@ class Proxy:
             return _error(str(exc), {"differing_fields": exc.differing_fields})
         except (RefusedByPolicy, NotFound) as exc:
             return _error(str(exc))
+        except SignInRequired as exc:
+            return _error(str(exc))  # one sentence: nothing was sent, an operator must sign in again
         except UpstreamError as exc:
             return _error(f"Hail did not answer: {exc}")
         except OutcomeNotRecorded as exc:

@@ -6,6 +6,7 @@ connection and wait (up to the connect timeout) for a fresh one. `map_error`, th
 become ours, sorts them by "could the request have left?":
 
     MCPError -32001 (the SDK's timeout), -32000 (connection closed), any other MCPError  -> UpstreamLost
+    MCPError marked by _NotSentTransport: no usable sign-in (refused, revoked, none)      -> SignInRequired
     MCPError marked by _NotSentTransport: failed connect, HTTP 401/403, HTTP 404 to our session
       id (Hail restarted); httpx2 ConnectError/ConnectTimeout/PoolTimeout, ConnectionRefusedError,
       FileNotFoundError, PermissionError, socket.gaierror                                 -> UpstreamUnavailable
@@ -16,6 +17,8 @@ A JSON-RPC error Hail itself sends to `tools/call` becomes `CallToolResult(is_er
 `ClientSession.send_request` skips the SDK's output-schema check (a RuntimeError plus a hidden `tools/list`):
 an upstream schema bug reaches the caller as the answer Hail gave. On Streamable HTTP the SDK lets a failed
 connect kill the connection and reports only "Connection closed"; `_NotSentTransport` prevents that.
+With `Credentials` (a sign-in, `hail_guard.oauth`) the same transport asks them for the bearer token of
+each request and, after a 401 (Hail refused it unread), for another, then sends the request once more.
 Cancellation is never caught: the SDK then sends `notifications/cancelled` upstream.
 """
 
@@ -25,7 +28,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
 import httpx2
@@ -38,7 +41,7 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
 
-from hail_guard.errors import ConfigError, UpstreamError, UpstreamLost, UpstreamUnavailable
+from hail_guard.errors import ConfigError, SignInRequired, UpstreamError, UpstreamLost, UpstreamUnavailable
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +53,7 @@ HTTP_READ_SECONDS = 300.0
 MAX_TOOL_PAGES = 100
 _NOT_SENT_CODE = -32090  # in JSON-RPC's implementation-defined range; the mark below tells it is ours
 _NOT_SENT_MARK = "hail_guard_not_sent"
+_REFUSALS = ("connect", "auth", "session", "signin")
 _CONNECT_FAILURES = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
 _UNAVAILABLE = (*_CONNECT_FAILURES, ConnectionRefusedError, FileNotFoundError, PermissionError, socket.gaierror)
 # Codes the SDK makes up itself: timeout, closed, unreadable body, HTTP error status, HTTP 404/202/redirect.
@@ -57,9 +61,27 @@ _SDK_CODES = {types.REQUEST_TIMEOUT, types.CONNECTION_CLOSED, types.PARSE_ERROR,
               types.INVALID_REQUEST, _NOT_SENT_CODE}  # fmt: skip
 
 
+class Credentials(Protocol):
+    """Bearer tokens that change (a sign-in: `hail_guard.oauth.SignIn`), asked for before each HTTP request."""
+
+    @property
+    def problem(self) -> str | None:
+        """Why nothing can be sent until an operator signs in again; None while the credentials work."""
+
+    async def bearer(self) -> str | None:
+        """The token for the next request; None: send it without one. Raises `UpstreamUnavailable`."""
+
+    async def renew(self, rejected: str | None) -> str:
+        """Another token after Hail refused `rejected` with a 401. Raises `UpstreamUnavailable`."""
+
+    def refused(self, token: str) -> str:
+        """Hail refused the renewed `token` too: record that, and say what an operator must do."""
+
+
 @dataclass(frozen=True, repr=False)
 class UpstreamTarget:
-    """Where Hail is. `token` goes out as a bearer header (http/sse) or as HAIL_API_KEY (stdio)."""
+    """Where Hail is. `token` goes out as a bearer header (http/sse) or as HAIL_API_KEY (stdio);
+    `credentials` (http only) are asked for a token per request instead."""
 
     kind: Literal["http", "sse", "stdio", "inprocess"]
     url: str | None = None
@@ -67,6 +89,7 @@ class UpstreamTarget:
     server: Any = field(default=None, compare=False)
     token: str | None = field(default=None, repr=False)
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    credentials: Credentials | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         needs = {"http": "url", "sse": "url", "stdio": "command", "inprocess": "server"}[self.kind]
@@ -94,6 +117,8 @@ def map_error(exc: BaseException, *, target: str, timeout_seconds: float) -> Ups
     refusal, why = _refusal(exc), _describe(exc)
     if isinstance(exc, MCPError) and exc.code == types.REQUEST_TIMEOUT:
         return UpstreamLost(f"no answer from Hail at {target} within {timeout_seconds:g} s; it may have been sent")
+    if refusal == "signin":
+        return SignInRequired(why)
     if refusal == "auth":
         return UpstreamUnavailable(f"Hail at {target} refused the credentials ({why}); nothing was sent. "
                                    "Check the token hail-guard is given.")  # fmt: skip
@@ -113,12 +138,12 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def _refusal(exc: BaseException) -> Literal["connect", "auth", "session"] | None:
+def _refusal(exc: BaseException) -> Literal["connect", "auth", "session", "signin"] | None:
     """Why a request surely did not reach Hail's tools, if `exc` is one `_NotSentTransport` made."""
     if not isinstance(exc, MCPError) or exc.code != _NOT_SENT_CODE or not isinstance(exc.data, dict):
         return None
     mark = exc.data.get(_NOT_SENT_MARK)
-    return mark if mark in ("connect", "auth", "session") else None
+    return mark if mark in _REFUSALS else None
 
 
 def _breaks_connection(exc: BaseException) -> bool:
@@ -142,12 +167,26 @@ def _not_sent(request: httpx2.Request, reason: str, message: str) -> httpx2.Resp
 class _NotSentTransport(httpx2.AsyncBaseTransport):
     """Answers what surely did not reach Hail's tools with a marked JSON-RPC error (see module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, credentials: Credentials | None = None) -> None:
         self._inner = httpx2.AsyncHTTPTransport()
+        self._credentials = credentials
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        credentials = self._credentials
         try:
-            response = await self._inner.handle_async_request(request)
+            token = await credentials.bearer() if credentials is not None else None
+            response = await self._send(request, token)
+            if response.status_code == 401 and credentials is not None:  # refused unread: safe to send again
+                await response.aclose()
+                token = await credentials.renew(token)
+                response = await self._send(request, token)
+                if response.status_code == 401:
+                    await response.aclose()
+                    return _not_sent(request, "signin", credentials.refused(token))
+        except SignInRequired as exc:
+            return _not_sent(request, "signin", str(exc))
+        except UpstreamUnavailable as exc:
+            return _not_sent(request, "connect", str(exc))
         except _CONNECT_FAILURES as exc:
             return _not_sent(request, "connect", _describe(exc))
         status = response.status_code
@@ -159,6 +198,11 @@ class _NotSentTransport(httpx2.AsyncBaseTransport):
             return response
         await response.aclose()
         return _not_sent(request, reason, f"HTTP {status}")
+
+    async def _send(self, request: httpx2.Request, token: str | None) -> httpx2.Response:
+        if token is not None:
+            request.headers["Authorization"] = f"Bearer {token}"
+        return await self._inner.handle_async_request(request)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -180,6 +224,12 @@ class Upstream:
     @property
     def connected(self) -> bool:
         return self._session is not None
+
+    @property
+    def sign_in_problem(self) -> str | None:
+        """Why an operator must sign in again (`hail-guard login`) before anything is sent; None: no need."""
+        credentials = self.target.credentials
+        return credentials.problem if credentials is not None else None
 
     async def wait_connected(self) -> None:
         """Return once connected; `UpstreamUnavailable` when no connection came within the connect timeout."""
@@ -240,6 +290,9 @@ class Upstream:
             raise error from exc
 
     async def _live_session(self) -> ClientSession:
+        credentials = self.target.credentials
+        if credentials is not None and credentials.problem is not None:
+            await credentials.bearer()  # `SignInRequired`, unless an operator has signed in again since
         if self._session is None:
             attempt = self._attempt_done
             self._wake.set()
@@ -319,12 +372,14 @@ class Upstream:
         headers = dict(target.headers) | ({"Authorization": f"Bearer {target.token}"} if target.token else {})
         if target.kind == "sse":
             return sse_client(target.url or "", headers=headers, timeout=self._connect_timeout)
-        return self._http_transport(target.url or "", headers)
+        return self._http_transport(target.url or "", headers, target.credentials)
 
     @asynccontextmanager
-    async def _http_transport(self, url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
+    async def _http_transport(
+        self, url: str, headers: dict[str, str], credentials: Credentials | None
+    ) -> AsyncIterator[Any]:
         timeout = httpx2.Timeout(self._connect_timeout, read=max(HTTP_READ_SECONDS, self._timeout + 30))
-        http = httpx2.AsyncClient(headers=headers, timeout=timeout, transport=_NotSentTransport())
+        http = httpx2.AsyncClient(headers=headers, timeout=timeout, transport=_NotSentTransport(credentials))
         async with http, streamable_http_client(url, http_client=http) as streams:
             yield streams
 

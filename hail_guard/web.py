@@ -75,6 +75,8 @@ def build_http_app(
 
     async def readyz(request: Request) -> Response:
         checks = {"ledger": await _ledger_check(proxy), "upstream": "ok" if proxy.upstream.connected else "unreachable"}
+        if (problem := proxy.upstream.sign_in_problem) is not None:  # connected or not, nothing can be sent
+            checks |= {"upstream": "sign_in_required", "detail": problem}
         ready = all(value == "ok" for value in checks.values())
         return JSONResponse({"status": "ready" if ready else "not_ready", **checks}, status_code=200 if ready else 503)
 

@@ -27,7 +27,7 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 from structlog.testing import capture_logs
 
-from hail_guard.errors import ConfigError, UpstreamLost, UpstreamUnavailable
+from hail_guard.errors import ConfigError, SignInRequired, UpstreamLost, UpstreamUnavailable
 from hail_guard.upstream import Upstream, UpstreamTarget, connect_upstream, map_error
 
 TOKEN = "s3cret-token-value"
@@ -393,6 +393,7 @@ FOREIGN: list[tuple[BaseException, type[Exception]]] = [
     (MCPError(types.METHOD_NOT_FOUND, "Method not found"), UpstreamLost),
     (_marked("connect"), UpstreamUnavailable),
     (_marked("auth"), UpstreamUnavailable),
+    (MCPError(-32090, "not signed in to Hail at http://hail.test/", {"hail_guard_not_sent": "signin"}), SignInRequired),
     (MCPError(-32090, "lookalike from the server"), UpstreamLost),
     (httpx2.ConnectError("refused", request=REQUEST), UpstreamUnavailable),
     (httpx2.ConnectTimeout("slow", request=REQUEST), UpstreamUnavailable),
