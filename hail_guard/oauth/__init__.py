@@ -4,7 +4,8 @@
     hail-guard serve                      # uses it: `renewal.SignIn` renews the tokens, never asks anyone
 
 Modules: `store` (one private file per upstream, and the lock shared by every process using it),
-`login` (the interactive sign-in and `logout`), `renewal` (`SignIn`, the credentials `upstream` presents).
+`login` (the interactive sign-in and `logout`), `loopback` (the receiver of the browser's redirect),
+`renewal` (`SignIn`, the credentials `upstream` presents).
 The OAuth protocol itself is the MCP SDK's (`mcp.client.auth`); nothing here re-implements it.
 """
 

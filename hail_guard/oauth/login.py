@@ -16,24 +16,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs
 
 import anyio
-import anyio.abc
 import anyio.to_thread
-import h11
 import httpx2
 import structlog
-from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider, OAuthFlowError
+from mcp.client.auth import OAuthClientProvider, OAuthFlowError
 from mcp.client.auth.oauth2 import OAuthContext
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 
 from hail_guard.errors import ConfigError, HailGuardError, UpstreamError
+from hail_guard.oauth.loopback import receiving
 from hail_guard.oauth.store import PLACEHOLDER_REDIRECT, Held, SignInRecord, TokenStore, client_metadata
 from hail_guard.upstream import UpstreamTarget, connect_upstream
 
@@ -44,7 +41,6 @@ Show = Callable[[str], Awaitable[None]]
 
 LOGIN_WAIT_SECONDS = 300.0
 HTTP_SECONDS = 30.0
-CALLBACK_PATH = "/callback"
 _PROTOCOL = "2025-11-25"
 _INITIALIZE = {
     "jsonrpc": "2.0",
@@ -53,9 +49,6 @@ _INITIALIZE = {
     "params": {"protocolVersion": _PROTOCOL, "capabilities": {}, "clientInfo": {"name": "hail-guard", "version": "0"}},
 }
 _MCP_HEADERS = {"Accept": "application/json, text/event-stream", MCP_PROTOCOL_VERSION_HEADER: _PROTOCOL}
-_PAGE = "<!doctype html><meta charset=utf-8><title>hail-guard</title><p>{}</p>"
-_DONE_PAGE = _PAGE.format("hail-guard is signed in. You can close this window.")
-_REFUSED_PAGE = _PAGE.format("The sign-in was not completed; see the terminal.")
 
 
 async def login(
@@ -71,7 +64,7 @@ async def login(
     The browser comes back to 127.0.0.1:`port` (default: the kept registration's port if free, else any).
     """
     previous = await anyio.to_thread.run_sync(_load_quietly, store)
-    async with _loopback(port if port is not None else _kept_port(previous), required=port is not None) as callback:
+    async with receiving(port if port is not None else _kept_port(previous), required=port is not None) as callback:
         kept = previous.client if previous is not None and _registered(previous, callback.redirect_uri) else None
         held = Held(client=kept)
         provider = OAuthClientProvider(
@@ -235,86 +228,3 @@ def _kept_port(previous: SignInRecord | None) -> int:
 
 def _registered(previous: SignInRecord, redirect_uri: str) -> bool:
     return redirect_uri in {str(uri) for uri in previous.client.redirect_uris or []}
-
-
-@dataclass
-class _Callback:
-    """The loopback redirect's receiver: the first request to `CALLBACK_PATH` is the answer."""
-
-    redirect_uri: str
-    done: anyio.Event = field(default_factory=anyio.Event)
-    answer: dict[str, str] = field(default_factory=dict)
-
-    async def result(self) -> AuthorizationCodeResult:
-        """The SDK's callback handler: the code and state the browser brought back."""
-        await self.done.wait()
-        if "code" not in self.answer:
-            error = "".join(c for c in self.answer.get("error", "no code") if c.isalnum() or c in "_-")[:64]
-            raise HailGuardError(f"the sign-in was not completed: the authorization server answered {error!r}")
-        return AuthorizationCodeResult(
-            code=self.answer["code"], state=self.answer.get("state"), iss=self.answer.get("iss")
-        )
-
-    async def handle(self, stream: anyio.abc.SocketStream) -> None:
-        async with stream:
-            try:
-                await self._answer(stream)
-            except (h11.ProtocolError, anyio.EndOfStream, anyio.BrokenResourceError, TimeoutError, OSError) as exc:
-                log.debug("signin_callback_unreadable", error=type(exc).__name__)  # a probe, a closed tab...
-
-    async def _answer(self, stream: anyio.abc.SocketStream) -> None:
-        connection = h11.Connection(h11.SERVER)
-        with anyio.fail_after(10):
-            event = connection.next_event()
-            while event is h11.NEED_DATA:
-                connection.receive_data(await stream.receive())
-                event = connection.next_event()
-        if not isinstance(event, h11.Request):
-            return
-        path, _, query = event.target.decode("ascii", "replace").partition("?")
-        if path != CALLBACK_PATH or self.done.is_set():
-            await _respond(stream, connection, 404, _PAGE.format("Not found."))
-            return
-        self.answer = {name: values[0] for name, values in parse_qs(query).items()}
-        self.done.set()
-        done = "code" in self.answer
-        await _respond(stream, connection, 200 if done else 400, _DONE_PAGE if done else _REFUSED_PAGE)
-
-
-async def _respond(stream: anyio.abc.SocketStream, connection: h11.Connection, status: int, page: str) -> None:
-    body = page.encode()
-    headers = [
-        ("content-type", "text/html; charset=utf-8"),
-        ("content-length", str(len(body))),
-        ("cache-control", "no-store"),
-        ("connection", "close"),
-    ]
-    response = connection.send(h11.Response(status_code=status, headers=headers)) or b""
-    await stream.send(
-        response + (connection.send(h11.Data(data=body)) or b"") + (connection.send(h11.EndOfMessage()) or b"")
-    )
-
-
-@asynccontextmanager
-async def _loopback(port: int, *, required: bool) -> AsyncIterator[_Callback]:
-    """Listen on 127.0.0.1 for the browser's redirect while the block runs: at `port` (0: any), or at any
-    port when that one is taken, unless it is `required`."""
-    try:
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
-    except OSError as exc:
-        if required or not port:
-            raise HailGuardError(f"cannot receive the sign-in on 127.0.0.1:{port}: {exc.strerror or exc}") from None
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-    bound = listener.extra(anyio.abc.SocketAttribute.local_port)  # noqa: S610  (anyio's attributes, not Django's)
-    callback = _Callback(f"http://127.0.0.1:{bound}{CALLBACK_PATH}")
-    try:
-        async with listener, anyio.create_task_group() as tg:
-            tg.start_soon(listener.serve, callback.handle)
-            try:
-                yield callback
-            finally:
-                tg.cancel_scope.cancel()
-    except BaseExceptionGroup as group:  # the server never fails, so this is the block's own error
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
