@@ -34,7 +34,8 @@ from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import Ledger, open_ledger, sqlite_path
 from hail_guard.ledger import postgres as _pg_names
 from hail_guard.ledger import sqlite as _sqlite_names
-from hail_guard.models import Intent, normalise_recipient
+from hail_guard.models import Intent
+from hail_guard.policy import blocking_states
 
 RATIO_TARGET = 1.5
 WORK_BATCH = "batch-bench-work"
@@ -61,11 +62,12 @@ _PG_RESULT = _RESULT.replace("{id}", "md5(random()::text)").replace(":prefix", "
 
 _SQLITE_FILL = f"""
 WITH RECURSIVE n(i) AS (SELECT :first UNION ALL SELECT i + 1 FROM n WHERE i < :last)
-INSERT INTO operations (id, idempotency_key, tool, channel, recipients, request, request_fingerprint,
+INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request, request_fingerprint,
     content_fingerprint, campaign_id, lead_id, message_id, batch_id, state, provider_id, result, attempts,
     next_check_at, created_at, updated_at, first_sent_at)
 SELECT lower(hex(randomblob(16))), :prefix || ':lead' || i || ':email:intro', 'send_email', 'email',
-    '["lead' || i || '@example.com"]', {_REQUEST}, lower(hex(randomblob(32))), lower(hex(randomblob(32))),
+    '["lead' || i || '@example.com"]', '["lead' || i || '@example.com"]', {_REQUEST}, lower(hex(randomblob(32))),
+    lower(hex(randomblob(32))),
     :prefix, 'lead' || i, 'intro', :batch, :state,
     CASE WHEN :state = 'accepted' THEN lower(hex(randomblob(16))) END,
     CASE WHEN :state = 'accepted' THEN {_SQLITE_RESULT} END,
@@ -74,6 +76,14 @@ SELECT lower(hex(randomblob(16))), :prefix || ':lead' || i || ':email:intro', 's
     :now - (:last - i) * :spacing, :now - (:last - i) * :spacing,
     CASE WHEN :state = 'ready' THEN NULL ELSE :now - (:last - i) * :spacing END
 FROM n
+"""
+_SQLITE_RECIPIENTS = """
+INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
+SELECT o.id, r.value, o.content_fingerprint FROM operations o, json_each(o.recipients) r
+"""
+_PG_RECIPIENTS = """
+INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
+SELECT o.id, r, o.content_fingerprint FROM operations o, jsonb_array_elements_text(o.recipients) AS r
 """
 _SQLITE_EVENTS = """
 INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
@@ -166,6 +176,7 @@ def _fill_sqlite(path: str, parts: list[tuple[str, str | None, str, int, int]]) 
             params = {"first": first, "last": last, "prefix": prefix, "batch": batch, "state": state}
             db.execute(_SQLITE_FILL, {**params, "now": now, "spacing": 0.5})
         db.execute(_SQLITE_EVENTS, {"prefix": "hist"})
+        db.execute(_SQLITE_RECIPIENTS)
         db.execute(
             f"INSERT INTO batches (id, name, created_by, created_at) VALUES (?, 'bench', 'bench', {_sqlite_names.NOW})",
             (WORK_BATCH,),
@@ -190,6 +201,7 @@ async def _fill_postgres(url: str, parts: list[tuple[str, str | None, str, int, 
             for prefix, batch, state, first, last in parts:
                 await db.execute(_PG_FILL, first, last, prefix, batch, state, 0.5)
             await db.execute(_PG_EVENTS, "hist")
+            await db.execute(_PG_RECIPIENTS)
             await db.execute(
                 "INSERT INTO batches (id, name, created_by, created_at) VALUES ($1, 'bench', 'bench', now())",
                 WORK_BATCH,
@@ -274,7 +286,7 @@ _SQLITE_QUERIES = {
     "claim_ready (any batch)": _sqlite_names._CLAIM_READY_ANY,
     "claim_unknown": _sqlite_names._CLAIM_UNKNOWN,
     "find_by_key": f"{_sqlite_names._SELECT} WHERE idempotency_key = ?",
-    "begin_send: live duplicate": _sqlite_names._LIVE_DUPLICATE,
+    "begin_send: the same message to a recipient": _sqlite_names._MATCHES,
     "expire leases": _sqlite_names._EXPIRE_LEASES,
 }
 _FULL_SCAN_SQLITE = re.compile(r"\bSCAN (operations|events|suppressions|s)\b(?! USING)")
@@ -283,7 +295,6 @@ _FULL_SCAN_PG = re.compile(r"Seq Scan on (operations|events)\b")
 
 def sqlite_plans(url: str) -> list[dict[str, Any]]:
     db = sqlite3.connect(sqlite_path(url))
-    db.create_function("hg_normalise", 1, normalise_recipient, deterministic=True)
     try:
         plans = []
         for query, sql in _SQLITE_QUERIES.items():
@@ -327,8 +338,8 @@ async def postgres_plans(url: str) -> list[dict[str, Any]]:
 
 
 async def _begin_send_plans(db: Any) -> list[dict[str, Any]]:
-    """The plan of every statement `begin_send` runs inside `hg_begin_send` (migration 0006), as auto_explain
-    reports them: a new key with the duplicate check, rolled back."""
+    """The plan of every statement `begin_send` runs inside `hg_begin_send` (sql/postgres/begin_send.sql), as
+    auto_explain reports them: a new key with the duplicate check, rolled back."""
     notices: list[str] = []
     db.add_log_listener(lambda _, message: notices.append(message.message))
     await db.execute(
@@ -346,8 +357,9 @@ async def _begin_send_plans(db: Any) -> list[dict[str, Any]]:
             "bench",
             LEASE_SECONDS,
             DUPLICATE_WINDOW_SECONDS,
+            *blocking_states(allow_duplicate=False),
             _pg_names.CONTENT_LOCK_SPACE,
-            _pg_names._content_lock(intent),
+            _pg_names._message_locks(intent),
             "bench",
         )
     finally:

@@ -23,7 +23,7 @@ import anyio
 import structlog
 
 from hail_guard.crashpoints import crash_point
-from hail_guard.errors import RefusedByPolicy
+from hail_guard.errors import RefusedByPolicy, UpstreamUnavailable
 from hail_guard.guard import Guard, claim_token
 from hail_guard.models import BatchStatus, Intent, State
 
@@ -151,7 +151,10 @@ async def run_worker(
     """Until `stop` is set: reconcile what is due, send what is ready, then wait for more."""
     total = 0
     while not stop.is_set():
-        await guard.reconcile(batch_id=batch_id)
+        try:
+            await guard.reconcile(batch_id=batch_id)
+        except UpstreamUnavailable as exc:  # nothing to replay into: the unknowns wait, their attempts unspent
+            log.warning("reconcile_skipped", error=str(exc))
         sent = await drain(guard, concurrency=concurrency, batch_id=batch_id, stop=stop)
         total += sent
         if sent == 0:

@@ -41,7 +41,8 @@ try:
     from hail_guard.ledger import Ledger
     from hail_guard.ledger import migrate as migrate_ledger
     from hail_guard.logs import configure_logging
-    from hail_guard.models import SUPPRESSION_CHANNELS, BatchStatus, Operation, State, Suppression, normalise_recipient
+    from hail_guard.models import SUPPRESSION_CHANNELS, BatchStatus, Operation, State, Suppression
+    from hail_guard.recipients import normalise_recipient
     from hail_guard.server import batch_view, delivery_view, next_step, operation_view
 finally:
     if _collecting:
@@ -323,10 +324,11 @@ async def _worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _suppress_add(args: argparse.Namespace, settings: Settings) -> int:
-    opt_out = Suppression(recipient=args.recipient, channel=args.channel, reason=args.reason, source=args.source)
+    shown = normalise_recipient(args.recipient, args.channel)  # refuses what is no address or number
+    opt_out = Suppression(recipient=shown, channel=args.channel, reason=args.reason, source=args.source)
     async with app.open_ledger_from(settings) as ledger:
         cancelled = await ledger.add_suppression(opt_out, actor=f"operator {getpass.getuser()}")
-    print(f"suppressed {normalise_recipient(args.recipient)} on {args.channel}; cancelled {len(cancelled)} send(s)")
+    print(f"suppressed {shown} on {args.channel}; cancelled {len(cancelled)} send(s)")
     return 0
 
 
@@ -350,7 +352,7 @@ async def _suppress_remove(args: argparse.Namespace, settings: Settings) -> int:
         removed = await ledger.remove_suppression(args.recipient, args.channel)
     if not removed:
         raise NotFound(f"{args.recipient} has no opt-out on {args.channel}; see `hail-guard suppress list`")
-    print(f"removed the opt-out of {normalise_recipient(args.recipient)} on {args.channel}")
+    print(f"removed the opt-out of {normalise_recipient(args.recipient, args.channel)} on {args.channel}")
     return 0
 
 

@@ -19,11 +19,10 @@ import anyio
 import structlog
 from mcp import types
 
-from hail_guard import delivery, keys, policy
+from hail_guard import delivery, keys, policy, recipients
 from hail_guard.crashpoints import check as check_crash_points
 from hail_guard.crashpoints import crash_point
 from hail_guard.errors import (
-    KeyConflict,
     LeaseLost,
     LedgerUnavailable,
     OutcomeNotRecorded,
@@ -87,9 +86,13 @@ class Guard:
         self.ledger = ledger
         self.upstream = upstream
         self.settings = settings
+        self.tool_schemas: dict[str, Mapping[str, Any]] = {}
+        """Each guarded tool's input schema as the upstream declares it (the proxy keeps it current): an
+        error naming a field it does not declare is Hail failing to read its own answer, not a refusal."""
 
     async def send(self, tool: str, arguments: Mapping[str, Any], input_schema: Mapping[str, Any]) -> SendReport:
         intent, request = self.prepare(tool, arguments, input_schema)
+        self.tool_schemas[tool] = input_schema
         try:
             await self.upstream.wait_connected()  # refused before anything is recorded
         except UpstreamUnavailable:
@@ -137,6 +140,8 @@ class Guard:
         policy.validate_arguments(tool, request, input_schema)
         policy.check_hail_rules(tool, request)
         policy.check_consent(input_schema, request)
+        channel = keys.channel_of(tool)
+        reaches = recipients.recipients_of(channel, request)  # refuses an address or number it cannot read
         request[keys.KEY_FIELD] = keys.derive_key(tool, request, self.settings.key_template)
         text = keys.canonical_json(request)
         metadata = request.get("metadata")
@@ -145,26 +150,31 @@ class Guard:
         intent = Intent(
             idempotency_key=request[keys.KEY_FIELD],
             tool=tool,
-            channel=keys.channel_of(tool),
-            recipients=keys.recipients_of(request),
+            channel=channel,
+            recipients=reaches,
             request=text,
             request_fingerprint=keys.fingerprint(text),
             content_fingerprint=keys.content_fingerprint(tool, request),
+            sender=keys.canonical_json(keys.sender_of(channel, request)),
             allow_duplicate=allow_duplicate,
             **{name: _text(metadata.get(name)) for name in keys.METADATA_KEY_FIELDS},
         )
         return intent, request
 
     def _answer_from_ledger(self, existing: Operation, intent: Intent, request: dict[str, Any]) -> SendReport:
-        if existing.request_fingerprint != intent.request_fingerprint:
-            fields = policy.differing_fields(existing.arguments(), request)
-            raise KeyConflict(
-                f"idempotency key {existing.idempotency_key!r} already belongs to operation {existing.id} "
-                f"with a different request (differs in: {', '.join(fields)}); nothing was sent. Resend the "
-                "original arguments unchanged, or use a new key for a deliberately new message.",
-                differing_fields=fields,
-            )
-        log.info("operation_replayed", operation_id=existing.id, key=existing.idempotency_key, state=existing.state)
+        """A send the ledger already has: under its key (the same message, in any form), or another key's
+        operation that carries the same message to the same recipients."""
+        if existing.idempotency_key == intent.idempotency_key and not (
+            existing.request_fingerprint == intent.request_fingerprint or policy.same_meaning(existing, intent)
+        ):
+            raise policy.key_conflict(existing, intent, request)
+        log.info(
+            "operation_replayed",
+            operation_id=existing.id,
+            key=existing.idempotency_key,
+            state=existing.state,
+            asked_key=intent.idempotency_key,
+        )
         return SendReport(existing, replayed=True)
 
     async def _forward(self, operation: Operation, owner: str, tool: str, request: dict[str, Any]) -> Answer:
@@ -172,7 +182,7 @@ class Guard:
         try:
             result = await self.upstream.call_tool(tool, request, timeout_seconds=self.settings.timeout_seconds)
         except UpstreamUnavailable as exc:
-            return Answer(kind=AnswerKind.RETRY_LATER, error=f"not sent: {exc}", retry_after_seconds=5.0)
+            return Answer(kind=AnswerKind.RETRY_LATER, error=str(exc), retry_after_seconds=5.0)
         except UpstreamError as exc:
             return Answer(kind=AnswerKind.LOST, error=str(exc))
         except BaseException:
@@ -181,7 +191,17 @@ class Guard:
             await self._record(operation, owner, policy.outcome_of_send(lost))
             raise
         crash_point("after_forward")
-        return _answer_of(tool, result, request)
+        return self._answer_of(tool, result, request)
+
+    def _answer_of(self, tool: str, result: types.CallToolResult, request: Mapping[str, Any]) -> Answer:
+        return policy.classify(
+            tool,
+            is_error=bool(result.is_error),
+            payload=payload_of(result),
+            text=_text_of(result),
+            request=request,
+            declared=policy.declared_fields(self.tool_schemas.get(tool)),
+        )
 
     async def _record(self, operation: Operation, owner: str, outcome: Outcome) -> Operation:
         """Commit an outcome, shielded: once Hail has answered, a cancelled caller must not lose it."""
@@ -227,6 +247,7 @@ class Guard:
         They are claimed one at a time: a claim (and the attempt it counts) covers only the operation being
         settled, so a crash or a slow replay never holds the others for a lease or spends their attempts.
         """
+        await self.upstream.wait_connected()  # unreachable: refused before any attempt is claimed or counted
         owner = claim_token()
         settled: list[Operation] = []
         for _ in range(1 if operation_id is not None else _RECONCILE_MAX):
@@ -254,25 +275,28 @@ class Guard:
         elif plan.step is policy.ReconcileStep.LOOKUP:
             outcome = await self._look_up(operation)
         else:
-            answer = await self._replay(operation)
-            outcome = policy.outcome_of_replay(
-                answer,
-                previous_error=operation.last_error,
-                attempts=operation.attempts - 1,
-                max_attempts=self.settings.max_reconcile_attempts,
-            )
+            outcome = await self._replay(operation)
         crash_point("reconcile_answered")
         return await self._record(operation, owner, outcome)
 
-    async def _replay(self, operation: Operation) -> Answer:
+    async def _replay(self, operation: Operation) -> Outcome:
         request = operation.arguments()
         try:
             result = await self.upstream.call_tool(
                 operation.tool, request, timeout_seconds=self.settings.timeout_seconds
             )
+        except UpstreamUnavailable as exc:
+            return policy.replay_not_made(str(exc))  # nothing left: no attempt spent
         except UpstreamError as exc:
-            return Answer(kind=AnswerKind.LOST, error=str(exc))
-        return _answer_of(operation.tool, result, request)
+            answer = Answer(kind=AnswerKind.LOST, error=str(exc))
+        else:
+            answer = self._answer_of(operation.tool, result, request)
+        return policy.outcome_of_replay(
+            answer,
+            previous_error=operation.last_error,
+            attempts=operation.attempts - 1,
+            max_attempts=self.settings.max_reconcile_attempts,
+        )
 
     async def _look_up(self, operation: Operation) -> Outcome:
         tool, id_field = _LOOKUP_TOOLS.get(operation.channel, (None, None))
@@ -284,7 +308,7 @@ class Guard:
                 tool, {id_field: operation.provider_id}, timeout_seconds=self.settings.timeout_seconds
             )
         except UpstreamError as exc:
-            return Outcome(state=State.UNKNOWN, reason="lookup failed", error=str(exc), check_after_seconds=5.0)
+            return policy.lookup_failed(str(exc))
         payload = payload_of(result)
         if payload is not None and payload.get("id") == operation.provider_id:
             return Outcome(state=State.ACCEPTED, reason=f"{tool} found the message", result=payload)
@@ -303,12 +327,6 @@ def _not_recorded(operation: Operation, outcome: Outcome, cause: LedgerUnavailab
         operation_id=operation.id,
         state=outcome.state.value,
         provider_id=outcome.provider_id,
-    )
-
-
-def _answer_of(tool: str, result: types.CallToolResult, request: Mapping[str, Any]) -> Answer:
-    return policy.classify(
-        tool, is_error=bool(result.is_error), payload=payload_of(result), text=_text_of(result), request=request
     )
 
 

@@ -21,16 +21,33 @@ import json
 import math
 import re
 import string
+import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hail_guard.errors import ConfigError, RefusedByPolicy
+from hail_guard.recipients import RECIPIENT_FIELDS, BadRecipient, normalise_recipient
 
 KEY_FIELD = "idempotency_key"
 MAX_KEY_LENGTH = 255
 METADATA_KEY_FIELDS = ("campaign_id", "lead_id", "message_id")
-"""Fields that do not change what a recipient receives: left out of the content fingerprint."""
-_NOT_CONTENT = frozenset({KEY_FIELD, "metadata", "allow_duplicate"})
+SENDER_FIELDS = ("from_", "from_name", "reply_to")
+"""Who a message is from: compared only when two sends both give them (left out, the upstream's default)."""
+_NOT_MESSAGE = frozenset(
+    {
+        KEY_FIELD,
+        "metadata",
+        "allow_duplicate",
+        "recipient_consent",
+        "consent_source",
+        "consent_obtained_at",
+        "message_type",
+        *RECIPIENT_FIELDS,
+        *SENDER_FIELDS,
+    }
+)
+"""Arguments that do not change what a recipient reads or hears: left out of the content fingerprint."""
+_WHITESPACE = re.compile(r"\s+")
 _CHANNELS = {"send_email": "email", "send_sms": "sms", "place_call": "call"}
 _RESEND_SUFFIX = re.compile(r"^(?P<original>.+):resend:(?P<n>[0-9]+)$")
 _PLACEHOLDER = re.compile(r"^(channel|tool|metadata\.[A-Za-z0-9_]+|[A-Za-z_][A-Za-z0-9_]*)$")
@@ -65,19 +82,52 @@ def channel_of(tool: str) -> str:
     return _CHANNELS.get(tool, tool)
 
 
-def recipients_of(arguments: Mapping[str, Any]) -> tuple[str, ...]:
-    to = arguments.get("to")
-    if isinstance(to, str):
-        return (to,)
-    if isinstance(to, list):
-        return tuple(str(item) for item in to)
-    return ()
-
-
 def content_fingerprint(tool: str, arguments: Mapping[str, Any]) -> str:
-    """What the recipient receives, whatever key or metadata came with it."""
-    content = {name: value for name, value in arguments.items() if name not in _NOT_CONTENT}
-    return fingerprint(canonical_json({"tool": tool, "content": content}))
+    """What a message says, by meaning: the same for every form an agent's regenerated retry takes.
+
+    Recipients, sender, key, metadata and consent attestations are left out (recipients are matched
+    one by one, the sender only when both sends name one). Text is NFC with its whitespace collapsed;
+    null, empty text, empty lists and empty objects count as absent; 2.0 is 2. Used to recognise a
+    retry, never to derive a key (keys never change between versions: `derive_key`).
+    """
+    message = meaning_of({name: value for name, value in arguments.items() if message_field(name)})
+    return fingerprint(canonical_json({"tool": tool, "message": message or {}}))
+
+
+def message_field(name: str) -> bool:
+    """Whether an argument is part of what the recipient reads or hears (see `content_fingerprint`)."""
+    return name not in _NOT_MESSAGE
+
+
+def sender_of(channel: str, arguments: Mapping[str, Any]) -> dict[str, str]:
+    """The sender fields a send gives, in their compared form (an address or number normalised)."""
+    sender: dict[str, str] = {}
+    for name in SENDER_FIELDS:
+        value = meaning_of(arguments.get(name))
+        if value is None:
+            continue
+        text = str(value)
+        try:
+            sender[name] = normalise_recipient(text, channel) if name != "from_name" else text.casefold()
+        except BadRecipient:
+            sender[name] = text.casefold()
+    return sender
+
+
+def meaning_of(value: Any) -> Any:
+    """`value` with the differences of form removed (see `content_fingerprint`); None when it is empty."""
+    if isinstance(value, str):
+        text = _WHITESPACE.sub(" ", unicodedata.normalize("NFC", value)).strip()
+        return text or None
+    if isinstance(value, Mapping):
+        kept = {str(name): meaning_of(item) for name, item in value.items()}
+        return {name: item for name, item in kept.items() if item is not None} or None
+    if isinstance(value, list | tuple):
+        items = [item for item in (meaning_of(item) for item in value) if item is not None]
+        return items or None
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
 
 
 def validate_key(key: object) -> str:

@@ -57,10 +57,14 @@ class Intent(BaseModel):
     tool: str
     channel: str
     recipients: tuple[str, ...]
+    """Everyone it reaches (to, cc, bcc, ...), each once, in the one normal form (`hail_guard.recipients`)."""
     request: str
     """Canonical JSON of the arguments exactly as forwarded (the key included)."""
     request_fingerprint: str
     content_fingerprint: str
+    """What the message says, by meaning (`keys.content_fingerprint`): how a regenerated retry is recognised."""
+    sender: str = "{}"
+    """The sender fields it gives, normalised, as canonical JSON (`keys.sender_of`)."""
     campaign_id: str | None = None
     lead_id: str | None = None
     message_id: str | None = None
@@ -80,6 +84,7 @@ class Operation(BaseModel):
     request: str
     request_fingerprint: str
     content_fingerprint: str
+    sender: dict[str, str] = {}
     campaign_id: str | None = None
     lead_id: str | None = None
     message_id: str | None = None
@@ -108,6 +113,9 @@ class Operation(BaseModel):
     """The operation an operator resent as this one (`hail-guard review resend`)."""
     resent_as: str | None = None
     """The operation that superseded this one when an operator resent it."""
+    may_have_left: bool = False
+    """Closed (`failed` or `cancelled`) by an operator while it may have been sent: it still counts as
+    sent for the duplicate guard, and its answers say so. False for a send cancelled before it left."""
 
     def arguments(self) -> dict[str, Any]:
         """The stored request, as the arguments that were (or will be) forwarded."""
@@ -211,14 +219,11 @@ class Outcome(BaseModel):
     check_after_seconds: float | None = None
     """For `unknown`: reconcile again no sooner than this."""
     review_reason: str | None = None
+    attempted: bool = True
+    """False when the claim behind it made no attempt (Hail unreachable): reconcile's count gives it back."""
 
 
 SUPPRESSION_CHANNELS = ("email", "sms", "call", "all")
-
-
-def normalise_recipient(recipient: str) -> str:
-    """How recipients are compared for opt-outs: trimmed, lower case."""
-    return recipient.strip().lower()
 
 
 class Suppression(BaseModel):

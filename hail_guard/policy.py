@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -17,8 +17,9 @@ from typing import Any
 
 import jsonschema
 
-from hail_guard.errors import ProbableDuplicate, RefusedByPolicy, Suppressed
-from hail_guard.models import Answer, AnswerKind, Operation, Outcome, State, Suppression
+from hail_guard import keys
+from hail_guard.errors import KeyConflict, ProbableDuplicate, RefusedByPolicy, Suppressed
+from hail_guard.models import UNRESOLVED_STATES, Answer, AnswerKind, Intent, Operation, Outcome, State, Suppression
 
 DEFAULT_RETRY_AFTER_SECONDS = 30.0
 """A rate limit that names no wait waits this long; auth and no-free-number answers may retry at once."""
@@ -61,9 +62,19 @@ _FIELD_ERROR = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\.[A-Za-z0-9_.]+)?: ")
 
 
 def classify(
-    tool: str, *, is_error: bool, payload: Mapping[str, Any] | None, text: str, request: Mapping[str, Any]
+    tool: str,
+    *,
+    is_error: bool,
+    payload: Mapping[str, Any] | None,
+    text: str,
+    request: Mapping[str, Any],
+    declared: Collection[str] | None = None,
 ) -> Answer:
-    """Sort one upstream answer to a send (see the table in DESIGN.md)."""
+    """Sort one upstream answer to a send (see the table in DESIGN.md).
+
+    `declared` names the properties of the tool's input schema (None: unknown, then the request's own
+    fields stand in for them).
+    """
     if is_error:
         return Answer(kind=AnswerKind.LOST, error=text or "the upstream answered with an error")
     if payload is None:
@@ -71,7 +82,7 @@ def classify(
     if payload is None:
         return Answer(kind=AnswerKind.LOST, error=f"unreadable answer: {text[:200]!r}")
     if "error" in payload:
-        return _classify_error(tool, payload["error"], request)
+        return _classify_error(tool, payload["error"], request if declared is None else declared)
     provider_id = payload.get("id")
     if not isinstance(provider_id, str) or not provider_id or "status" not in payload:
         return Answer(kind=AnswerKind.LOST, result=dict(payload), error="the answer has no id and status")
@@ -93,7 +104,7 @@ def _payload_from_text(text: str) -> Mapping[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _classify_error(tool: str, error: object, request: Mapping[str, Any]) -> Answer:
+def _classify_error(tool: str, error: object, declared: Collection[str]) -> Answer:
     if not isinstance(error, str):
         return Answer(kind=AnswerKind.UNRECOGNISED, error=json.dumps(error, default=str)[:500])
     for pattern in _ERROR_PATTERNS:
@@ -104,11 +115,19 @@ def _classify_error(tool: str, error: object, request: Mapping[str, Any]) -> Ans
             return Answer(kind=pattern.kind, error=error, retry_after_seconds=retry_after)
     field = _FIELD_ERROR.match(error)
     if field is not None:
-        # A local validation error names a field we sent; one naming another field is Hail
-        # failing to read its own success answer (HAIL_CONTRACT.md).
-        in_request = field.group(1) in request
-        return Answer(kind=AnswerKind.REFUSED if in_request else AnswerKind.MISREAD_SUCCESS, error=error)
+        # A local validation error names a field of the tool's schema; one naming any other field is Hail
+        # failing to read its own success answer (HAIL_CONTRACT.md), even when the request carried it.
+        refused = field.group(1) in declared
+        return Answer(kind=AnswerKind.REFUSED if refused else AnswerKind.MISREAD_SUCCESS, error=error)
     return Answer(kind=AnswerKind.UNRECOGNISED, error=error)
+
+
+def declared_fields(schema: Mapping[str, Any] | None) -> frozenset[str] | None:
+    """The property names a tool's input schema declares (None when the schema is not known)."""
+    if schema is None:
+        return None
+    properties = schema.get("properties")
+    return frozenset(properties) if isinstance(properties, Mapping) else frozenset()
 
 
 def _retry_after(error: str) -> float | None:
@@ -187,6 +206,24 @@ def outcome_of_replay(answer: Answer, *, previous_error: str | None, attempts: i
         return base.model_copy(update={"state": State.NEEDS_REVIEW, "review_reason": reason, "reason": reason})
     wait = answer.retry_after_seconds if kind is AnswerKind.RETRY_LATER else None
     return base.model_copy(update={"check_after_seconds": wait or CHECK_AGAIN_SECONDS})
+
+
+def replay_not_made(error: str) -> Outcome:
+    """A reconcile replay that never left (Hail unreachable): still unknown, and the attempt is not spent."""
+    return Outcome(
+        state=State.UNKNOWN,
+        reason="Hail could not be reached; nothing was replayed",
+        error=error,
+        check_after_seconds=CHECK_AGAIN_SECONDS,
+        attempted=False,
+    )
+
+
+def lookup_failed(error: str) -> Outcome:
+    """A reconcile lookup that got no answer: still unknown, looked up again soon."""
+    return Outcome(
+        state=State.UNKNOWN, reason="the lookup got no answer", error=error, check_after_seconds=CHECK_AGAIN_SECONDS
+    )
 
 
 class ReconcileStep(StrEnum):
@@ -319,20 +356,163 @@ def guarded_tool_names(schemas: Mapping[str, Mapping[str, Any]], configured: Seq
 
 def suppressed_refusal(recipients: Sequence[str], channel: str) -> Suppressed:
     """The refusal for a send to a recipient who opted out (both ledger backends raise it)."""
+    if len(recipients) == 1:
+        return Suppressed(
+            f"{recipients[0]} opted out of {channel}; nothing was recorded or sent (see `hail-guard suppress list`)"
+        )
     return Suppressed(
-        f"{', '.join(recipients)} opted out of {channel}; nothing was recorded or sent (see `hail-guard suppress list`)"
+        f"one of {', '.join(recipients)} opted out of {channel}; nothing was recorded or sent. Send it without "
+        "them (`hail-guard suppress list` names who)"
     )
 
 
-def duplicate_refusal(earlier: Operation, position: int | None = None) -> ProbableDuplicate:
-    """The refusal for a new key whose content a live operation already carries."""
+LIVE_STATES = frozenset({State.PLANNED, State.READY, State.SENDING, State.UNKNOWN, State.ACCEPTED, State.NEEDS_REVIEW})
+"""A send whose message one of these operations already carries for a recipient repeats it (within the window).
+So does one closed by an operator after it may have left (`Operation.may_have_left`)."""
+
+
+def blocks(operation: Operation, *, allow_duplicate: bool) -> bool:
+    """Whether `operation` (the same message to a shared recipient) stops a new one being recorded.
+
+    `allow_duplicate` (the user asked for a second copy) passes what has settled, never what may still
+    be sending or may have been sent unseen: `sending`, `unknown`, `needs_review`.
+    """
+    if allow_duplicate:
+        return operation.state in UNRESOLVED_STATES
+    return operation.state in LIVE_STATES or operation.may_have_left
+
+
+def blocking_states(*, allow_duplicate: bool) -> tuple[list[str], bool]:
+    """`blocks` for SQL: the states that block, and whether an operator's close after sending does."""
+    states = UNRESOLVED_STATES if allow_duplicate else LIVE_STATES
+    return sorted(state.value for state in states), not allow_duplicate
+
+
+def senders_agree(earlier: Mapping[str, str], later: Mapping[str, str]) -> bool:
+    """Sender fields are compared only where both sends give them (left out: the upstream's default)."""
+    return all(earlier[name] == later[name] for name in earlier.keys() & later.keys())
+
+
+def same_meaning(operation: Operation, intent: Intent) -> bool:
+    """True when `intent` is the same message to the same people as `operation`, whatever its form."""
+    return (
+        operation.tool == intent.tool
+        and operation.content_fingerprint == intent.content_fingerprint
+        and set(operation.recipients) == set(intent.recipients)
+        and senders_agree(operation.sender, json.loads(intent.sender))
+    )
+
+
+def repeat_of(intent: Intent, matches: Sequence[Operation], position: int | None = None) -> Operation:
+    """The operation a new send repeats, among `matches`: operations that block it (`blocks`), each with the
+    same message for at least one of its recipients, newest first.
+
+    The same recipients: the send is that operation again (answer from it). Overlapping ones: refused,
+    naming who already has it. Either way nothing new is recorded, and no text invites a second send.
+    """
     where = f"send {position}: " if position is not None else ""
-    return ProbableDuplicate(
-        f"{where}probable duplicate: operation {earlier.id} (key {earlier.idempotency_key!r}, state "
-        f"{earlier.state.value}) already has this content for {', '.join(earlier.recipients)}; nothing was "
-        "sent. If it is unknown, call `reconcile`; to send it again on purpose, pass allow_duplicate: true",
+    if intent.allow_duplicate:
+        raise ProbableDuplicate(
+            f"{where}allow_duplicate cannot send this message again yet: {_has_it(matches[0], intent)}. "
+            f"Nothing was sent. {sentence(next_step(matches[0]))}.",
+            operation_id=matches[0].id,
+        )
+    wanted = set(intent.recipients)
+    same = [operation for operation in matches if set(operation.recipients) == wanted]
+    if same:
+        return min(same, key=lambda operation: operation.resent_as is not None)  # the live one of a resend
+    earlier = matches[0]
+    others = [recipient for recipient in intent.recipients if recipient not in earlier.recipients]
+    rest = (
+        f"Sending it to the others alone ({', '.join(others)}) is fine."
+        if others
+        else "Everyone this send names already has it."
+    )
+    raise ProbableDuplicate(
+        f"{where}{_has_it(earlier, intent)}. Nothing was sent. {sentence(next_step(earlier))}. {rest}",
         operation_id=earlier.id,
     )
+
+
+def already_planned(intent: Intent, matches: Sequence[Operation], position: int) -> ProbableDuplicate:
+    """The refusal of a batch whose send `position` the ledger already has (`repeat_of`, for planning)."""
+    earlier = repeat_of(intent, matches, position)  # an overlap is refused there
+    return ProbableDuplicate(
+        f"send {position}: {_has_it(earlier, intent)}. Nothing was planned. Leave send {position} out of the batch",
+        operation_id=earlier.id,
+    )
+
+
+def _has_it(earlier: Operation, intent: Intent) -> str:
+    shared = [recipient for recipient in intent.recipients if recipient in earlier.recipients]
+    verb = "has" if len(shared) == 1 else "have"
+    return f"{', '.join(shared)} already {verb} this message: operation {earlier.id} is {state_phrase(earlier)}"
+
+
+def key_conflict(earlier: Operation, intent: Intent, request: Mapping[str, Any]) -> KeyConflict:
+    """The refusal for a used key with a different message (by meaning); names the differences."""
+    fields = meaning_differences(earlier, intent, request)
+    return KeyConflict(
+        f"idempotency key {earlier.idempotency_key!r} belongs to operation {earlier.id}, which is "
+        f"{state_phrase(earlier)}, with a different message (it differs in: {', '.join(fields)}). Nothing was "
+        f"sent. {sentence(next_step(earlier))}.",
+        differing_fields=fields,
+    )
+
+
+def meaning_differences(earlier: Operation, intent: Intent, request: Mapping[str, Any]) -> list[str]:
+    """What differs by meaning between a stored operation and a new send under its key (names only)."""
+    old, new = earlier.arguments(), dict(request)
+    fields = [name for name in sorted(set(old) | set(new)) if keys.message_field(name)]
+    differing = [name for name in fields if keys.meaning_of(old.get(name)) != keys.meaning_of(new.get(name))]
+    if set(earlier.recipients) != set(intent.recipients):
+        differing.append("recipients")
+    later = json.loads(intent.sender)
+    differing += sorted(name for name in earlier.sender.keys() & later.keys() if earlier.sender[name] != later[name])
+    return differing or ["(the request)"]
+
+
+def state_phrase(operation: Operation) -> str:
+    """How an answer names an operation's state, honest about what it means for the recipient."""
+    if operation.may_have_left:
+        return f"{operation.state.value} (closed by an operator; it may have been sent)"
+    return {
+        State.ACCEPTED: "accepted by Hail",
+        State.UNKNOWN: "unknown (Hail may have sent it)",
+        State.SENDING: "being sent right now",
+        State.NEEDS_REVIEW: "waiting for a human decision (it may have been sent)",
+        State.READY: "waiting to be sent",
+        State.PLANNED: "planned, waiting for approval",
+        State.FAILED: "failed (Hail refused it; nothing was sent)",
+        State.CANCELLED: "cancelled before it was sent",
+    }[operation.state]
+
+
+_NEXT_STEP = {
+    State.ACCEPTED: "done: Hail accepted it (delivery is tracked apart); do not send it again",
+    State.FAILED: "Hail refused it for good: fix the cause, then send a new message (it needs a new key)",
+    State.UNKNOWN: "do NOT resend it, in any form: call `reconcile` with operation_id={id}",
+    State.SENDING: "do not send it again: call `get_operation` with operation_id={id} in a minute",
+    State.READY: "call again later with the same arguments (the same key is safe)",
+    State.PLANNED: "wait for an operator to approve the batch (`hail-guard batch approve`)",
+    State.NEEDS_REVIEW: "do not send it again: a human decides (`hail-guard review list`)",
+    State.CANCELLED: "nothing to do: it was cancelled before it left",
+}
+_MAY_HAVE_LEFT_STEP = "do not send it again: an operator closed it, and it may have reached the recipient"
+
+
+def sentence(clause: str) -> str:
+    """A clause such as `next_step`'s as a sentence of its own."""
+    return clause[:1].upper() + clause[1:]
+
+
+def next_step(operation: Operation) -> str:
+    """The one safe thing to do next about `operation` (a clause: lower case, no full stop)."""
+    if operation.resent_as is not None:
+        return f"do not send it again: it was superseded by an operator's resend, operation {operation.resent_as}"
+    if operation.may_have_left:
+        return _MAY_HAVE_LEFT_STEP
+    return _NEXT_STEP[operation.state].format(id=operation.id)
 
 
 def check_review_decision(state: State, reason: str, provider_id: str | None = None) -> None:

@@ -18,7 +18,7 @@ import structlog
 from mcp import types
 from mcp.server import Server, ServerRequestContext
 
-from hail_guard import __version__, keys, policy, review
+from hail_guard import __version__, keys, policy, recipients, review
 from hail_guard.batch import Batches, Progress, sends_from_tool
 from hail_guard.errors import (
     HailGuardError,
@@ -37,7 +37,6 @@ from hail_guard.models import (
     Operation,
     State,
     Suppression,
-    normalise_recipient,
 )
 
 log = structlog.get_logger(__name__)
@@ -228,7 +227,10 @@ REVIEW_TOOLS: tuple[types.Tool, ...] = (
 _REVIEW = {tool.name: tool for tool in REVIEW_TOOLS}
 _ALLOW_DUPLICATE_SCHEMA = {
     "type": "boolean",
-    "description": "hail-guard: set true to send content again on purpose under a new key (default false).",
+    "description": (
+        "hail-guard: only when the user explicitly asked for a second copy of a message that was already "
+        "delivered (default false). Never to retry: a retry is recognised and answered from the ledger."
+    ),
 }
 
 
@@ -311,6 +313,7 @@ class Proxy:
         self.tools = {tool.name: tool for tool in listed if tool.name not in own}
         schemas = {name: tool.input_schema for name, tool in self.tools.items()}
         self.guarded = policy.guarded_tool_names(schemas, self.guarded_tools) & set(self.tools)
+        self.guard.tool_schemas = {name: schemas[name] for name in self.guarded}
         await self._observe(self.tools)
 
     async def _observe(self, tools: Mapping[str, types.Tool]) -> None:
@@ -429,16 +432,17 @@ class Proxy:
             return _data(batch_view(status))
         if name == "batch_status":
             return _data(batch_view(await self.guard.ledger.batch_status(arguments["batch_id"])))
+        channel = arguments.get("channel", "all")
         opt_out = Suppression(
-            recipient=arguments["recipient"],
-            channel=arguments.get("channel", "all"),
+            recipient=recipients.normalise_recipient(arguments["recipient"], channel),  # refuses an unreadable one
+            channel=channel,
             reason=arguments["reason"],
             source=arguments.get("source", "agent"),
         )
         cancelled = await self.guard.ledger.add_suppression(opt_out, actor="agent")
         return _data(
             {
-                "recipient": normalise_recipient(opt_out.recipient),
+                "recipient": opt_out.recipient,
                 "channel": opt_out.channel,
                 "cancelled_operations": cancelled,
             }
@@ -513,18 +517,6 @@ def build_server(proxy: Proxy) -> Server[Any]:
     )
 
 
-_NEXT_STEP = {
-    State.ACCEPTED: "done: Hail accepted it (delivery is tracked apart); do not send it again",
-    State.FAILED: "Hail refused it for good; fix the cause, then send a new message (it needs a new key)",
-    State.UNKNOWN: "do NOT resend (not even with a new key): call `reconcile` with operation_id={id}",
-    State.SENDING: "another caller is sending it right now; call `reconcile` with operation_id={id} in a minute",
-    State.READY: "not sent yet: call again with the same arguments later (the same key is safe)",
-    State.PLANNED: "planned: waiting for an operator to approve the batch",
-    State.NEEDS_REVIEW: "a human must decide (`hail-guard review list`, `hail-guard ops show {id}`); do not resend",
-    State.CANCELLED: "cancelled; it was not sent",
-}
-
-
 def call_outcome(result: types.CallToolResult) -> str:
     """A guarded send's state (or `replayed`), else `ok` / `error`: a small, fixed set of labels."""
     data = result.structured_content if isinstance(result.structured_content, dict) else {}
@@ -534,10 +526,7 @@ def call_outcome(result: types.CallToolResult) -> str:
     return "error" if result.is_error else "ok"
 
 
-def next_step(operation: Operation) -> str:
-    if operation.resent_as is not None:
-        return f"superseded: an operator resent it as operation {operation.resent_as}; do not send it again"
-    return _NEXT_STEP[operation.state].format(id=operation.id)
+next_step = policy.next_step
 
 
 def operation_view(operation: Operation, *, replayed: bool | None = None) -> dict[str, Any]:
@@ -552,6 +541,7 @@ def operation_view(operation: Operation, *, replayed: bool | None = None) -> dic
         "last_error": operation.last_error,
         "review_reason": operation.review_reason,
         "cancel_reason": operation.cancel_reason,
+        "may_have_left": operation.may_have_left,
         "delivery_state": operation.delivery_state.value if operation.delivery_state else None,
         "delivery_at": operation.delivery_at.isoformat() if operation.delivery_at else None,
         "created_at": operation.created_at.isoformat(),
@@ -601,15 +591,30 @@ def _send_result(report: SendReport) -> types.CallToolResult:
     if operation.state is State.FAILED:
         payload = operation.result if operation.result is not None else {"error": operation.last_error}
         return _data({**payload, "hail_guard": guard_view})
-    headline = {
+    return _error(f"{_headline(operation)} {policy.sentence(guard_view['next_step'])}.", {"hail_guard": guard_view})
+
+
+def _headline(operation: Operation) -> str:
+    """What happened, in one sentence, for an answer that is not Hail's own record."""
+    if operation.state is State.CANCELLED:
+        if operation.may_have_left:
+            return f"CLOSED BY AN OPERATOR, MAY HAVE BEEN SENT: {_clause(operation.cancel_reason)}."
+        return f"NOT SENT: it was cancelled before it left ({_clause(operation.cancel_reason)})."
+    return {
         State.UNKNOWN: "OUTCOME UNKNOWN: Hail may already have sent this message.",
-        State.SENDING: "IN FLIGHT: another caller is sending this message right now.",
-        State.NEEDS_REVIEW: f"NEEDS REVIEW: {operation.review_reason or 'the outcome stayed unclear'}.",
-        State.READY: f"NOT SENT: {operation.last_error or 'Hail asked to wait'}.",
-        State.PLANNED: "NOT SENT: the send is planned and waits for approval.",
-        State.CANCELLED: "NOT SENT: the send was cancelled.",
+        State.SENDING: "IN FLIGHT: this message is being sent right now.",
+        State.NEEDS_REVIEW: f"NEEDS REVIEW: {_clause(operation.review_reason or 'the outcome stayed unclear')}.",
+        State.READY: f"NOT SENT YET: {_clause(operation.last_error or 'Hail asked to wait')}.",
+        State.PLANNED: "NOT SENT YET: the send is planned and waits for approval.",
     }[operation.state]
-    return _error(f"{headline} {guard_view['next_step']}", {"hail_guard": guard_view})
+
+
+def _clause(text: str | None) -> str:
+    """Someone else's sentence inside ours: no trailing full stop, no "not sent" said twice."""
+    clause = (text or "no reason was given").strip().rstrip(".").strip()
+    for repeated in ("not sent: ", "nothing was sent; ", "; nothing was sent", ". nothing was sent"):
+        clause = clause.replace(repeated, " ").replace(repeated.capitalize(), " ")
+    return " ".join(clause.split())
 
 
 def _data(data: Mapping[str, Any]) -> types.CallToolResult:

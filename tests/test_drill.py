@@ -108,7 +108,7 @@ async def test_a_failing_scenario_exits_1_and_says_how_to_replay_it(
     assert report["passed"] is False
     [scenario] = report["scenarios"]
     assert scenario["verdict"] == "fails"
-    assert "probable duplicate" in scenario["failed_check"]
+    assert "the new key is answered from the first send" in scenario["failed_check"]
     assert report["replay"] == "hail-guard drill --seed 9 --leads 100 --workers 2 --scenario 11"
     assert "1 of 1 scenarios FAIL (11" in report["summary"]
 
@@ -213,7 +213,7 @@ def _replace_sql(monkeypatch: pytest.MonkeyPatch, name: str, old: str, new: str)
 
 def retry_forwarded_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """1: begin_send claims an existing key whatever its state, so a retry is forwarded again."""
-    _replace_sql(monkeypatch, "_CLAIM_READY_BY_KEY", "AND state = 'ready' ", "")
+    _replace_sql(monkeypatch, "_CLAIM_READY_BY_ID", "AND state = 'ready' ", "")
 
 
 def timeout_taken_as_accepted(monkeypatch: pytest.MonkeyPatch) -> None:

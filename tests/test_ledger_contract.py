@@ -300,14 +300,157 @@ async def test_a_batch_to_an_opted_out_recipient_plans_it_cancelled(ledger: Ledg
     assert (await ledger.batch_status("B1")).counts == {State.READY: 2, State.CANCELLED: 1}
 
 
-async def test_a_new_key_for_live_content_is_a_probable_duplicate(ledger: Ledger) -> None:
-    first = (await ledger.begin_send(intent("k1"), owner="w1", lease_seconds=60)).operation
-    with pytest.raises(ProbableDuplicate) as refused:
-        await ledger.begin_send(intent("k2"), owner="w1", lease_seconds=60, duplicate_window_seconds=3600)
-    assert refused.value.operation_id == first.id
+def to(key: str, *people: str, body: str = "Hello") -> Intent:
+    """The same message (`body`) under `key` to `people`."""
+    return intent(key, body=body).model_copy(update={"recipients": people})
+
+
+WINDOW = 3600.0
+
+
+async def test_a_new_key_for_the_same_message_to_the_same_people_is_answered_from_the_first(ledger: Ledger) -> None:
+    first = (await ledger.begin_send(to("k1", "a@example.com"), owner="w1", lease_seconds=60)).operation
+    again = await ledger.begin_send(
+        to("k2", "a@example.com"), owner="w2", lease_seconds=60, duplicate_window_seconds=WINDOW
+    )
+    assert (again.claimed, again.operation.id) == (False, first.id)
     assert await ledger.find_by_key("k2") is None
-    deliberate = intent("k2").model_copy(update={"allow_duplicate": True})
-    assert (await ledger.begin_send(deliberate, owner="w1", lease_seconds=60, duplicate_window_seconds=3600)).claimed
+
+
+async def test_the_same_message_to_overlapping_people_is_refused_naming_who_has_it(ledger: Ledger) -> None:
+    first = (await ledger.begin_send(to("k1", "a@example.com"), owner="w1", lease_seconds=60)).operation
+    for people in (("a@example.com", "b@example.com"), ("b@example.com", "a@example.com")):
+        with pytest.raises(ProbableDuplicate) as refused:
+            await ledger.begin_send(to("k2", *people), owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW)
+        assert refused.value.operation_id == first.id
+        assert "a@example.com already has this message" in str(refused.value)
+        assert "to the others alone (b@example.com) is fine" in str(refused.value)
+    assert await ledger.find_by_key("k2") is None
+    other = await ledger.begin_send(
+        to("k3", "b@example.com"), owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW
+    )
+    assert other.claimed
+
+
+async def test_a_subset_of_the_people_is_refused_too(ledger: Ledger) -> None:
+    await ledger.begin_send(to("k1", "a@example.com", "b@example.com"), owner="w1", lease_seconds=60)
+    with pytest.raises(ProbableDuplicate, match="Everyone this send names already has it"):
+        await ledger.begin_send(
+            to("k2", "a@example.com"), owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW
+        )
+
+
+async def test_another_message_to_the_same_people_is_a_new_send(ledger: Ledger) -> None:
+    await ledger.begin_send(to("k1", "a@example.com"), owner="w1", lease_seconds=60)
+    later = to("k2", "a@example.com").model_copy(update={"content_fingerprint": "another message"})
+    assert (await ledger.begin_send(later, owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW)).claimed
+
+
+async def test_senders_are_compared_only_where_both_sends_give_them(ledger: Ledger) -> None:
+    await ledger.begin_send(
+        to("k1", "a@example.com").model_copy(update={"sender": '{"from_":"sales@example.com"}'}),
+        owner="w1",
+        lease_seconds=60,
+    )
+    default_sender = await ledger.begin_send(
+        to("k2", "a@example.com"), owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW
+    )
+    assert not default_sender.claimed
+    other_sender = to("k3", "a@example.com").model_copy(update={"sender": '{"from_":"ceo@example.com"}'})
+    assert (
+        await ledger.begin_send(other_sender, owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW)
+    ).claimed
+
+
+@pytest.mark.parametrize("state", [State.SENDING, State.UNKNOWN, State.NEEDS_REVIEW])
+async def test_allow_duplicate_is_refused_while_the_first_may_be_in_flight_or_sent_unseen(
+    ledger: Ledger, state: State
+) -> None:
+    first = (await ledger.begin_send(to("k1", "a@example.com"), owner="w1", lease_seconds=60)).operation
+    if state is not State.SENDING:
+        outcome = Outcome(state=state, reason="r", review_reason="r" if state is State.NEEDS_REVIEW else None)
+        await ledger.record_outcome(first.id, owner="w1", outcome=outcome, actor="w1")
+    deliberate = to("k2", "a@example.com").model_copy(update={"allow_duplicate": True})
+    with pytest.raises(ProbableDuplicate) as refused:
+        await ledger.begin_send(deliberate, owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW)
+    assert refused.value.operation_id == first.id
+    assert "new key" not in str(refused.value)
+    assert "allow_duplicate: true" not in str(refused.value)
+    assert await ledger.find_by_key("k2") is None
+
+
+async def test_allow_duplicate_sends_a_second_copy_of_an_accepted_message(ledger: Ledger) -> None:
+    first = (await ledger.begin_send(to("k1", "a@example.com"), owner="w1", lease_seconds=60)).operation
+    await ledger.record_outcome(first.id, owner="w1", outcome=ACCEPTED, actor="w1")
+    deliberate = to("k2", "a@example.com").model_copy(update={"allow_duplicate": True})
+    assert (await ledger.begin_send(deliberate, owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW)).claimed
+
+
+async def test_a_ready_operation_repeated_under_another_key_is_claimed_and_sent_under_its_own(ledger: Ledger) -> None:
+    [planned] = [i.model_copy(update={"content_fingerprint": "hello"}) for i in batch_intents(1)]
+    await ledger.plan_batch(batch_id="B1", name=None, intents=[planned], state=State.READY, actor="op")
+    again = planned.model_copy(update={"idempotency_key": "direct"})
+    begin = await ledger.begin_send(again, owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW)
+    assert begin.claimed
+    assert (begin.operation.idempotency_key, begin.operation.state) == (planned.idempotency_key, State.SENDING)
+    assert await ledger.find_by_key("direct") is None
+
+
+@pytest.mark.parametrize("decision", [State.CANCELLED, State.FAILED])
+async def test_an_operators_close_after_it_may_have_left_still_counts_as_sent(ledger: Ledger, decision: State) -> None:
+    first = (await ledger.begin_send(to("k1", "a@example.com"), owner="w1", lease_seconds=60)).operation
+    review = Outcome(state=State.NEEDS_REVIEW, reason="unclear", review_reason="unclear")
+    await ledger.record_outcome(first.id, owner="w1", outcome=review, actor="w1")
+    closed = await ledger.resolve_review(first.id, state=decision, reason="the lead left", actor="op")
+    assert closed.may_have_left
+    again = await ledger.begin_send(
+        to("k2", "a@example.com"), owner="w2", lease_seconds=60, duplicate_window_seconds=WINDOW
+    )
+    assert (again.claimed, again.operation.id) == (False, first.id)
+
+
+async def test_a_send_cancelled_before_it_left_does_not_count(ledger: Ledger) -> None:
+    [planned] = [i.model_copy(update={"content_fingerprint": "hello"}) for i in batch_intents(1)]
+    await ledger.plan_batch(batch_id="B1", name=None, intents=[planned], state=State.READY, actor="op")
+    stop = Suppression(recipient=planned.recipients[0], channel="email", reason="STOP", source="s")
+    [cancelled] = await ledger.add_suppression(stop, actor="op")
+    assert not (await ledger.get(cancelled)).may_have_left
+    await ledger.remove_suppression(planned.recipients[0], "email")
+    again = planned.model_copy(update={"idempotency_key": "again"})
+    assert (await ledger.begin_send(again, owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW)).claimed
+
+
+async def test_a_batch_repeating_a_live_message_plans_nothing(ledger: Ledger) -> None:
+    await ledger.begin_send(
+        to("k1", "lead1@example.com", body="Hello 1").model_copy(update={"content_fingerprint": "b-content-1"}),
+        owner="w1",
+        lease_seconds=60,
+    )
+    with pytest.raises(ProbableDuplicate, match=r"^send 2: lead1@example.com already has this message"):
+        await ledger.plan_batch(
+            batch_id="B1",
+            name=None,
+            intents=batch_intents(3),
+            state=State.READY,
+            actor="op",
+            duplicate_window_seconds=WINDOW,
+        )
+    assert await ledger.list_operations(batch_id="B1") == []
+
+
+async def test_a_batch_overlapping_a_live_message_plans_nothing(ledger: Ledger) -> None:
+    await ledger.begin_send(
+        to("k1", "lead1@example.com").model_copy(update={"content_fingerprint": "b-content-1"}),
+        owner="w1",
+        lease_seconds=60,
+    )
+    sends = batch_intents(3)
+    sends[1] = sends[1].model_copy(update={"recipients": ("lead1@example.com", "x@example.com")})
+    with pytest.raises(ProbableDuplicate, match=r"^send 2: .*to the others alone \(x@example.com\) is fine"):
+        await ledger.plan_batch(
+            batch_id="B1", name=None, intents=sends, state=State.READY, actor="op", duplicate_window_seconds=WINDOW
+        )
+    assert await ledger.list_operations(batch_id="B1") == []
 
 
 async def test_the_same_key_again_is_not_a_duplicate_of_itself(ledger: Ledger) -> None:

@@ -434,7 +434,7 @@ async def test_known_keys_and_duplicates_past_the_first_chunk_are_named_by_their
         with pytest.raises(RefusedByPolicy, match=rf"^1 send\(s\) already exist in the ledger: send {taken} "):
             await ledger.plan_batch(batch_id="B1", name=None, intents=streamed(sends), state=State.READY, actor="op")
         renamed = [send.model_copy(update={"idempotency_key": f"new:{n}"}) for n, send in enumerate(sends)]
-        with pytest.raises(ProbableDuplicate, match=rf"^send {taken}: probable duplicate"):
+        with pytest.raises(ProbableDuplicate, match=rf"^send {taken}: lead{taken - 1}@example.com already has"):
             await ledger.plan_batch(
                 batch_id="B2",
                 name=None,

@@ -25,6 +25,7 @@ the server with the password masked."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
@@ -41,7 +42,7 @@ import anyio
 import asyncpg
 import structlog
 
-from hail_guard import delivery, policy
+from hail_guard import delivery, policy, recipients
 from hail_guard.errors import (
     HailGuardError,
     LeaseLost,
@@ -51,7 +52,7 @@ from hail_guard.errors import (
     RefusedByPolicy,
     SchemaTooNew,
 )
-from hail_guard.ledger import Begin
+from hail_guard.ledger import Begin, backfill
 from hail_guard.models import (
     TERMINAL_STATES,
     BatchStatus,
@@ -67,7 +68,6 @@ from hail_guard.models import (
     ToolPin,
     Webhook,
     WebhookOutcome,
-    normalise_recipient,
 )
 
 log = structlog.get_logger(__name__)
@@ -95,11 +95,11 @@ _COLUMNS = (
     "id, idempotency_key, tool, channel, recipients, request, request_fingerprint, content_fingerprint, "
     "campaign_id, lead_id, message_id, batch_id, state, provider_id, result, last_error, review_reason, cancel_reason, "
     "attempts, lease_owner, lease_expires_at, not_before, next_check_at, created_at, updated_at, "
-    "first_sent_at, delivery_state, delivery_at, delivery_checks, delivery_next_check_at, resend_of, resent_as"
+    "first_sent_at, delivery_state, delivery_at, delivery_checks, delivery_next_check_at, resend_of, resent_as, "
+    "sender, may_have_left"
 )
 _NAMES = tuple(_COLUMNS.split(", "))
 _SELECT = f"SELECT {_COLUMNS} FROM operations"
-_LIVE_STATES = "('planned', 'ready', 'sending', 'accepted', 'unknown', 'needs_review')"
 
 
 def _opted_out(recipient_keys: str, channel: str) -> str:
@@ -149,9 +149,24 @@ def _expiring(reason: str) -> str:
 _EXPIRE_LEASES = f"WITH {_expiring('$1')} SELECT count(*) FROM expired"
 _BEGIN_SEND = f"""
     SELECT b.verdict, {", ".join(f"(b.operation).{name}" for name in _NAMES)}
-    FROM hg_begin_send($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) b
+    FROM hg_begin_send($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15, $16, $17, $18,
+        $19, $20, $21, $22) b
 """
-"""Everything `begin_send` does, in one round trip: see migration 0006 for the statements it runs."""
+"""Everything `begin_send` does, in one round trip: see sql/postgres/begin_send.sql for the statements it runs."""
+_CLAIM_READY_BY_ID = f"""
+    WITH claimed AS (
+        UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = $1,
+            lease_expires_at = {_later("$2")}, updated_at = {NOW}, first_sent_at = COALESCE(first_sent_at, {NOW})
+        WHERE id = $3 AND state = 'ready' AND (not_before IS NULL OR not_before <= {NOW}) AND NOT {_SUPPRESSED}
+        RETURNING operations.*),
+    logged AS (
+        INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+        SELECT id, {NOW}, 'ready', 'sending', $1, 'claimed; forwarding' FROM claimed)
+    SELECT {_COLUMNS} FROM claimed
+"""
+"""A `ready` operation that a send repeats (by meaning) is claimed to be sent now, under its own key."""
+_FUNCTIONS = ("begin_send",)
+"""Server-side functions, each in sql/postgres/<name>.sql, (re)created by `migrate` when their text changes."""
 _PLAN_STAGE = "hg_plan_stage"
 """The batch being planned, in a temporary table of the planning transaction (dropped at its end)."""
 _STAGE_COLUMNS = (
@@ -165,6 +180,7 @@ _STAGE_COLUMNS = (
     "request",
     "request_fingerprint",
     "content_fingerprint",
+    "sender",
     "campaign_id",
     "lead_id",
     "message_id",
@@ -174,8 +190,8 @@ _CREATE_STAGE = f"""
     CREATE TEMPORARY TABLE {_PLAN_STAGE} (
         position INTEGER NOT NULL, id TEXT NOT NULL, idempotency_key TEXT NOT NULL, tool TEXT NOT NULL,
         channel TEXT NOT NULL, recipients JSONB NOT NULL, recipient_keys TEXT[] NOT NULL, request TEXT NOT NULL,
-        request_fingerprint TEXT NOT NULL, content_fingerprint TEXT NOT NULL, campaign_id TEXT, lead_id TEXT,
-        message_id TEXT, allow_duplicate BOOLEAN NOT NULL
+        request_fingerprint TEXT NOT NULL, content_fingerprint TEXT NOT NULL, sender JSONB NOT NULL, campaign_id TEXT,
+        lead_id TEXT, message_id TEXT, allow_duplicate BOOLEAN NOT NULL
     ) ON COMMIT DROP
 """
 _STAGED_KNOWN_KEYS = f"""
@@ -184,32 +200,62 @@ _STAGED_KNOWN_KEYS = f"""
     ORDER BY p.position LIMIT 10
 """
 _STAGED_DUPLICATE = f"""
-    SELECT p.position, {", ".join(f"o.{name}" for name in _NAMES)}
-    FROM {_PLAN_STAGE} p
-    JOIN operations o ON o.content_fingerprint = p.content_fingerprint AND o.idempotency_key <> p.idempotency_key
-    WHERE NOT p.allow_duplicate
-      AND o.state IN {_LIVE_STATES} AND o.created_at >= {NOW} - $1::float8 * interval '1 second'
-    ORDER BY p.position, o.created_at DESC
+    SELECT p.position FROM {_PLAN_STAGE} p
+    CROSS JOIN LATERAL jsonb_array_elements_text(p.recipients) AS pr (recipient)
+    JOIN operation_recipients r ON r.content_fingerprint = p.content_fingerprint AND r.recipient = pr.recipient
+    JOIN operations o ON o.id = r.operation_id
+    WHERE p.allow_duplicate = $2 AND o.idempotency_key <> p.idempotency_key AND o.tool = p.tool
+      AND (o.state = ANY ($3::text[]) OR ($4 AND o.may_have_left))
+      AND o.created_at >= {NOW} - $1::float8 * interval '1 second'
+      AND NOT EXISTS (
+        SELECT 1 FROM jsonb_each(o.sender) a JOIN jsonb_each(p.sender) b ON a.key = b.key WHERE a.value <> b.value)
+    ORDER BY p.position
     LIMIT 1
 """
-"""The first staged send whose content a live operation under another key already has."""
+"""The first staged send whose message a live operation under another key already has for one of its recipients."""
+_STAGED_INTENT = f"""
+    SELECT idempotency_key, tool, channel, recipients, request, request_fingerprint, content_fingerprint, sender,
+        campaign_id, lead_id, message_id, allow_duplicate
+    FROM {_PLAN_STAGE} WHERE position = $1
+"""
+_MATCHES = f"""
+    SELECT {", ".join(f"o.{name}" for name in _NAMES)} FROM operations o
+    WHERE o.id IN (
+        SELECT r.operation_id FROM operation_recipients r
+        WHERE r.content_fingerprint = $1 AND r.recipient = ANY ($2::text[]))
+      AND o.idempotency_key <> $3 AND o.tool = $4
+      AND (o.state = ANY ($5::text[]) OR ($6 AND o.may_have_left))
+      AND o.created_at >= {NOW} - $7::float8 * interval '1 second'
+      AND NOT EXISTS (
+        SELECT 1 FROM jsonb_each(o.sender) a JOIN jsonb_each($8::jsonb) b ON a.key = b.key WHERE a.value <> b.value)
+    ORDER BY o.created_at DESC, o.seq DESC
+    LIMIT 20
+"""
+"""As hg_begin_send's check, for a staged send named in a refusal."""
 _PLAN_STAGED = f"""
     WITH planned AS (
         INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request,
-            request_fingerprint, content_fingerprint, campaign_id, lead_id, message_id, batch_id, state,
+            request_fingerprint, content_fingerprint, sender, campaign_id, lead_id, message_id, batch_id, state,
             created_at, updated_at)
         SELECT id, idempotency_key, tool, channel, recipients, recipient_keys, request, request_fingerprint,
-            content_fingerprint, campaign_id, lead_id, message_id, $1, $2, {NOW}, {NOW}
+            content_fingerprint, sender, campaign_id, lead_id, message_id, $1, $2, {NOW}, {NOW}
         FROM {_PLAN_STAGE} ORDER BY position
-        RETURNING id, seq)
+        RETURNING id, seq),
+    reached AS (
+        INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
+        SELECT p.id, r, p.content_fingerprint FROM {_PLAN_STAGE} p, jsonb_array_elements_text(p.recipients) AS r)
     INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
     SELECT id, {NOW}, NULL, $2, $3, $4 FROM planned ORDER BY seq
 """
 _INSERT_PLANNED = f"""
-    INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request,
-        request_fingerprint, content_fingerprint, campaign_id, lead_id, message_id, batch_id, state,
-        created_at, updated_at)
-    VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12, $13, $14, {NOW}, {NOW})
+    WITH planned AS (
+        INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request,
+            request_fingerprint, content_fingerprint, sender, campaign_id, lead_id, message_id, batch_id, state,
+            created_at, updated_at)
+        VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15, {NOW}, {NOW})
+        RETURNING id, recipients, content_fingerprint)
+    INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
+    SELECT id, r, content_fingerprint FROM planned, jsonb_array_elements_text(planned.recipients) AS r
 """
 
 
@@ -276,6 +322,7 @@ _RECORD = f"""
     recorded AS (
         UPDATE operations SET state = $1, provider_id = COALESCE($2, provider_id),
             result = COALESCE($3::json, result), last_error = COALESCE($4, last_error), review_reason = $5,
+            attempts = operations.attempts - $12,
             not_before = {_later("$6")}, next_check_at = {_later("$7")},
             lease_expires_at = NULL, updated_at = {NOW}
         FROM before
@@ -381,14 +428,14 @@ _SETTLE_WEBHOOK = "UPDATE webhook_deliveries SET outcome = $1, operation_id = $2
 _LOCK_BY_PROVIDER = f"{_SELECT} WHERE provider_id = $1 ORDER BY created_at DESC, seq DESC LIMIT 1 FOR UPDATE"
 _RESOLVE_REVIEW = f"""
     UPDATE operations SET state = $1, provider_id = COALESCE($2, provider_id),
-        cancel_reason = COALESCE($3, cancel_reason), last_error = COALESCE($4, last_error), lease_owner = NULL,
-        lease_expires_at = NULL, next_check_at = NULL, updated_at = {NOW}
+        cancel_reason = COALESCE($3, cancel_reason), last_error = COALESCE($4, last_error), may_have_left = $6,
+        lease_owner = NULL, lease_expires_at = NULL, next_check_at = NULL, updated_at = {NOW}
     WHERE id = $5 AND state = 'needs_review'
     RETURNING {_COLUMNS}
 """
 _SUPERSEDE = f"""
-    UPDATE operations SET state = 'cancelled', cancel_reason = $1, resent_as = $2, lease_owner = NULL,
-        lease_expires_at = NULL, next_check_at = NULL, updated_at = {NOW}
+    UPDATE operations SET state = 'cancelled', cancel_reason = $1, resent_as = $2, may_have_left = true,
+        lease_owner = NULL, lease_expires_at = NULL, next_check_at = NULL, updated_at = {NOW}
     WHERE id = $3 AND state = 'needs_review'
 """
 _PRUNABLE = "SELECT id FROM operations WHERE state = ANY ($1::text[]) AND updated_at < $2 AND created_at < $2"
@@ -432,31 +479,39 @@ class PostgresLedger:
     async def begin_send(
         self, intent: Intent, *, owner: str, lease_seconds: float, duplicate_window_seconds: float | None = None
     ) -> Begin:
-        guarded = duplicate_window_seconds is not None and not intent.allow_duplicate
+        states, closed_block = policy.blocking_states(allow_duplicate=intent.allow_duplicate)
         # One statement: it would commit as well on its own (`_alone`, one round trip instead of three).
         # The intent and the outcome keep BEGIN ... COMMIT for now because tests/test_postgres_outage.py
         # finds the moment "recorded, answer lost" by the COMMIT on the wire.
         async with self._write() as db:
-            row = await db.fetchrow(
+            rows = await db.fetch(
                 _BEGIN_SEND,
                 str(uuid.uuid4()),
                 *_intent_values(intent),
                 owner,
                 lease_seconds,
-                duplicate_window_seconds if guarded else None,
+                duplicate_window_seconds,
+                states,
+                closed_block,
                 CONTENT_LOCK_SPACE,
-                _content_lock(intent),
+                _message_locks(intent),
                 _LEASE_EXPIRED,
             )
-        verdict = row["verdict"]
-        if verdict == "suppressed":
-            raise policy.suppressed_refusal(intent.recipients, intent.channel)
-        if verdict == "duplicate":
-            raise policy.duplicate_refusal(_operation(row), None)
-        if verdict == "vanished":
-            key = intent.idempotency_key
-            raise LedgerUnavailable(f"the operation under key {key!r} changed while it was being recorded; retry")
-        return Begin(_operation(row), claimed=verdict == "claimed")
+            verdict = rows[0]["verdict"]
+            if verdict == "suppressed":
+                raise policy.suppressed_refusal(intent.recipients, intent.channel)
+            if verdict == "vanished":
+                key = intent.idempotency_key
+                raise LedgerUnavailable(f"the operation under key {key!r} changed while it was being recorded; retry")
+            found = _operation(rows[0])
+            if verdict == "claimed":
+                return Begin(found, claimed=True)
+            if verdict == "matches":
+                found = policy.repeat_of(intent, [_operation(row) for row in rows])  # an overlap is refused
+            elif found.state is not State.READY or not policy.same_meaning(found, intent):
+                return Begin(found, claimed=False)  # answered from; another message under the key is refused
+            claimed = await db.fetchrow(_CLAIM_READY_BY_ID, owner, lease_seconds, found.id)
+            return Begin(_operation(claimed), claimed=True) if claimed is not None else Begin(found, claimed=False)
 
     async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
         result = json.dumps(outcome.result) if outcome.result is not None else None
@@ -474,6 +529,7 @@ class PostgresLedger:
                 owner,
                 actor,
                 outcome.reason,
+                0 if outcome.attempted else 1,
             )
         if row is None:
             raise _not_found(operation_id)
@@ -535,7 +591,7 @@ class PostgresLedger:
                 await db.copy_records_to_table(
                     _PLAN_STAGE, records=_staged(chunk, first=staged + 1), columns=_STAGE_COLUMNS
                 )
-                buckets.update(_content_lock(intent) for intent in chunk if not intent.allow_duplicate)
+                buckets.update(bucket for intent in chunk for bucket in _message_locks(intent))
                 staged += len(chunk)
             await db.execute(
                 f"INSERT INTO batches (id, name, created_by, created_at) VALUES ($1, $2, $3, {NOW})",
@@ -591,7 +647,7 @@ class PostgresLedger:
         async with self._write() as db:
             status = await db.execute(
                 "DELETE FROM suppressions WHERE recipient = $1 AND channel = $2",
-                normalise_recipient(recipient),
+                recipients.comparable(recipient, channel),
                 channel,
             )
         return _count(status) > 0
@@ -650,7 +706,7 @@ class PostgresLedger:
         limit: int = 100,
     ) -> list[Operation]:
         state_value = state.value if state is not None else None
-        wanted = normalise_recipient(recipient) if recipient is not None else None
+        wanted = recipients.comparable(recipient, None) if recipient is not None else None
         async with self._read() as db:
             rows = await db.fetch(_LIST_OPERATIONS, state_value, campaign_id, batch_id, wanted, since, before, limit)
         return [_operation(row) for row in rows]
@@ -727,7 +783,10 @@ class PostgresLedger:
                 raise _not_found(operation_id)
             if before.state is not State.NEEDS_REVIEW:
                 raise policy.not_in_review(before, "resolved")
-            row = await db.fetchrow(_RESOLVE_REVIEW, state.value, provider_id, cancel_reason, last_error, operation_id)
+            may_have_left = state is not State.ACCEPTED  # closed by an operator: it may have been sent
+            row = await db.fetchrow(
+                _RESOLVE_REVIEW, state.value, provider_id, cancel_reason, last_error, operation_id, may_have_left
+            )
             await _event(db, operation_id, State.NEEDS_REVIEW, state, actor, why)
         return _operation(row)
 
@@ -764,6 +823,7 @@ class PostgresLedger:
                 await db.execute(f"DELETE FROM events WHERE operation_id IN ({_PRUNABLE})", resolved, cutoff)
             )
             await db.execute(f"DELETE FROM delivery_events WHERE operation_id IN ({_PRUNABLE})", resolved, cutoff)
+            await db.execute(f"DELETE FROM operation_recipients WHERE operation_id IN ({_PRUNABLE})", resolved, cutoff)
             operations = _count(await db.execute(f"DELETE FROM operations WHERE id IN ({_PRUNABLE})", resolved, cutoff))
             hooks = _count(
                 await db.execute(f"DELETE FROM webhook_deliveries WHERE received_at < {_later('$1')}", -webhook_age)
@@ -922,7 +982,8 @@ async def _migrate(db: asyncpg.Connection, where: str) -> int:
         )
     known = migrations()
     latest = known[-1][0]
-    if _check_version(await _version(db), latest, where) == latest:
+    functions = _function_texts()
+    if _check_version(await _version(db), latest, where) == latest and await _applied_functions(db) == functions:
         return latest  # nothing to do: no lock, no DDL (a role without CREATE can use a migrated database)
     async with db.transaction():
         await db.execute(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT}'")
@@ -932,10 +993,81 @@ async def _migrate(db: asyncpg.Connection, where: str) -> int:
         pending = [(version, sql) for version, sql in known if version > current]
         for version, sql in pending:
             await db.execute(sql)
+            if version in _BACKFILLS:
+                await _BACKFILLS[version](db)
             await db.execute(f"INSERT INTO {_SCHEMA_TABLE} (version) VALUES ($1)", version)
+        applied = await _applied_functions(db)
+        for name, (checksum, sql) in functions.items():
+            if applied.get(name) != (checksum, sql):
+                await db.execute(sql)
+                await db.execute(_RECORD_FUNCTION, name, checksum)
     for version, _ in pending:  # committed
         log.info("ledger_migrated", backend="postgres", ledger=where, version=version)
     return latest
+
+
+_RECORD_FUNCTION = """
+    INSERT INTO hail_guard_functions (name, checksum) VALUES ($1, $2)
+    ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum
+"""
+
+
+def _function_texts() -> dict[str, tuple[str, str]]:
+    """Each server-side function's (checksum, SQL), from sql/postgres/<name>.sql."""
+    folder = resources.files("hail_guard.ledger") / "sql" / "postgres"
+    texts = {name: (folder / f"{name}.sql").read_text() for name in _FUNCTIONS}
+    return {name: (hashlib.sha256(sql.encode()).hexdigest(), sql) for name, sql in texts.items()}
+
+
+async def _applied_functions(db: asyncpg.Connection) -> dict[str, tuple[str, str]]:
+    """The functions the database has, as `_function_texts` gives them when their checksums match."""
+    if not await db.fetchval("SELECT to_regclass('hail_guard_functions') IS NOT NULL"):
+        return {}
+    known = _function_texts()
+    rows = await db.fetch("SELECT name, checksum FROM hail_guard_functions")
+    return {
+        row["name"]: known[row["name"]]
+        for row in rows
+        if row["name"] in known and known[row["name"]][0] == row["checksum"]
+    }
+
+
+async def _backfill_recipients(db: asyncpg.Connection) -> None:
+    """Version 8: recipients, opt-out keys, message fingerprints and senders recomputed (`backfill`)."""
+    rows = await db.fetch("SELECT id, tool, channel, request FROM operations ORDER BY seq")
+    for page in backfill.pages(iter(rows)):
+        found = [(row["id"], backfill.facts(row["tool"], row["channel"], row["request"])) for row in page]
+        await db.executemany(
+            "UPDATE operations SET recipients = $1::jsonb, recipient_keys = $2, content_fingerprint = $3, "
+            "sender = $4::jsonb WHERE id = $5",
+            [
+                (json.dumps(f.recipients), f.recipient_keys, f.content_fingerprint, f.sender, operation_id)
+                for operation_id, f in found
+            ],
+        )
+        await db.executemany(
+            "INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint) VALUES ($1, $2, $3)",
+            [(operation_id, r, f.content_fingerprint) for operation_id, f in found for r in f.recipients],
+        )
+    opt_outs = await db.fetch("SELECT recipient, channel FROM suppressions ORDER BY created_at")
+    for row in opt_outs:  # of two that now read the same, the earliest is kept
+        key = recipients.comparable(row["recipient"], row["channel"])
+        if key != row["recipient"]:
+            await db.execute(
+                "WITH taken AS (SELECT 1 FROM suppressions WHERE recipient = $1 AND channel = $3) "
+                "UPDATE suppressions SET recipient = $1 WHERE recipient = $2 AND channel = $3 "
+                "AND NOT EXISTS (SELECT 1 FROM taken)",
+                key,
+                row["recipient"],
+                row["channel"],
+            )
+            await db.execute(
+                "DELETE FROM suppressions WHERE recipient = $1 AND channel = $2", row["recipient"], row["channel"]
+            )
+
+
+_BACKFILLS = {8: _backfill_recipients}
+"""Migrations whose stored values are recomputed in Python right after their SQL, in their transaction."""
 
 
 async def _version(db: asyncpg.Connection) -> int:
@@ -1067,10 +1199,11 @@ def _intent_values(intent: Intent) -> tuple[Any, ...]:
         intent.tool,
         intent.channel,
         json.dumps(list(intent.recipients)),
-        [normalise_recipient(r) for r in intent.recipients],
+        recipients.keys_of(intent.recipients),
         intent.request,
         intent.request_fingerprint,
         intent.content_fingerprint,
+        intent.sender,
         intent.campaign_id,
         intent.lead_id,
         intent.message_id,
@@ -1080,7 +1213,7 @@ def _intent_values(intent: Intent) -> tuple[Any, ...]:
 
 async def _suppress(db: asyncpg.Connection, suppression: Suppression, actor: str) -> list[str]:
     """Record the opt-out; cancel every unforwarded operation to that recipient; their ids."""
-    recipient = normalise_recipient(suppression.recipient)
+    recipient = recipients.comparable(suppression.recipient, suppression.channel)  # the edges refuse unreadable ones
     await db.execute(_ADD_SUPPRESSION, recipient, suppression.channel, suppression.reason, suppression.source)
     return [row[0] for row in await db.fetch(_CANCEL_SUPPRESSED, policy.suppression_reason(suppression), actor)]
 
@@ -1125,14 +1258,16 @@ async def _must(db: asyncpg.Connection, operation_id: str) -> Operation:
     return found
 
 
-async def _suppressed(db: asyncpg.Connection, recipients: Sequence[str], channel: str) -> bool:
-    names = [normalise_recipient(r) for r in recipients]
+async def _suppressed(db: asyncpg.Connection, reached: Sequence[str], channel: str) -> bool:
+    names = recipients.keys_of(reached, channel)
     return bool(names) and bool(await db.fetchval(_IS_SUPPRESSED, names, channel))
 
 
-def _content_lock(intent: Intent) -> int:
-    """The duplicate guard's advisory lock for this content: one of `CONTENT_LOCK_BUCKETS`."""
-    return zlib.crc32(intent.content_fingerprint.encode()) % CONTENT_LOCK_BUCKETS
+def _message_locks(intent: Intent) -> list[int]:
+    """The duplicate guard's advisory locks for this message to each recipient (of `CONTENT_LOCK_BUCKETS`),
+    sorted, so that two sends of one message to a shared recipient take turns and never deadlock."""
+    pairs = (f"{intent.content_fingerprint}:{recipient}" for recipient in intent.recipients or ("",))
+    return sorted({zlib.crc32(pair.encode()) % CONTENT_LOCK_BUCKETS for pair in pairs})
 
 
 class _IntentsRaised(HailGuardError):
@@ -1173,10 +1308,27 @@ async def _refuse_known_keys(db: asyncpg.Connection) -> None:
 
 
 async def _refuse_duplicates(db: asyncpg.Connection, window_seconds: float) -> None:
-    """The duplicate guard over the staged batch; the caller holds the advisory locks on its contents."""
-    row = await db.fetchrow(_STAGED_DUPLICATE, window_seconds)
-    if row is not None:
-        raise policy.duplicate_refusal(_operation(row), row["position"])
+    """The duplicate guard over the staged batch; the caller holds the advisory locks on its messages."""
+    for allow_duplicate in (False, True):
+        states, closed_block = policy.blocking_states(allow_duplicate=allow_duplicate)
+        position = await db.fetchval(_STAGED_DUPLICATE, window_seconds, allow_duplicate, states, closed_block)
+        if position is None:
+            continue
+        staged = dict((await db.fetchrow(_STAGED_INTENT, position)).items())
+        staged["recipients"] = tuple(json.loads(staged["recipients"]))
+        intent = Intent.model_validate(staged)
+        matches = await db.fetch(
+            _MATCHES,
+            intent.content_fingerprint,
+            list(intent.recipients),
+            intent.idempotency_key,
+            intent.tool,
+            states,
+            closed_block,
+            window_seconds,
+            intent.sender,
+        )
+        raise policy.already_planned(intent, [_operation(row) for row in matches], position)
 
 
 async def _must_batch(db: asyncpg.Connection, batch_id: str) -> str | None:
@@ -1212,4 +1364,5 @@ def _operation(row: Any) -> Operation:
     values = {name: row[name] for name in _NAMES}
     values["recipients"] = json.loads(values["recipients"])
     values["result"] = json.loads(values["result"]) if values["result"] is not None else None
+    values["sender"] = json.loads(values["sender"])
     return Operation.model_validate(values)

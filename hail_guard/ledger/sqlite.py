@@ -24,7 +24,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import anyio
 import anyio.to_thread
 
-from hail_guard import delivery, policy
+from hail_guard import delivery, policy, recipients
 from hail_guard.errors import (
     HailGuardError,
     LeaseLost,
@@ -34,7 +34,7 @@ from hail_guard.errors import (
     RefusedByPolicy,
     SchemaTooNew,
 )
-from hail_guard.ledger import Begin
+from hail_guard.ledger import Begin, backfill
 from hail_guard.models import (
     TERMINAL_STATES,
     BatchStatus,
@@ -51,7 +51,6 @@ from hail_guard.models import (
     ToolPin,
     Webhook,
     WebhookOutcome,
-    normalise_recipient,
 )
 
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -61,9 +60,11 @@ _COLUMNS = (
     "id, idempotency_key, tool, channel, recipients, request, request_fingerprint, content_fingerprint, "
     "campaign_id, lead_id, message_id, batch_id, state, provider_id, result, last_error, review_reason, cancel_reason, "
     "attempts, lease_owner, lease_expires_at, not_before, next_check_at, created_at, updated_at, "
-    "first_sent_at, delivery_state, delivery_at, delivery_checks, delivery_next_check_at, resend_of, resent_as"
+    "first_sent_at, delivery_state, delivery_at, delivery_checks, delivery_next_check_at, resend_of, resent_as, "
+    "sender, may_have_left"
 )
 _SELECT = f"SELECT {_COLUMNS} FROM operations"
+_O_COLUMNS = ", ".join(f"o.{column}" for column in _COLUMNS.split(", "))
 _TIME_COLUMNS = frozenset(
     {
         "lease_expires_at",
@@ -83,27 +84,46 @@ _EXPIRE_LEASES = f"""
     RETURNING id
 """
 _SUPPRESSED = """EXISTS (
-    SELECT 1 FROM suppressions s, json_each(operations.recipients) r
-    WHERE s.recipient = hg_normalise(r.value) AND s.channel IN (operations.channel, 'all'))"""
+    SELECT 1 FROM suppressions s, json_each(operations.recipient_keys) r
+    WHERE s.recipient = r.value AND s.channel IN (operations.channel, 'all'))"""
 """True for an operation any of whose recipients opted out of its channel."""
+_INTENT_COLUMNS = (
+    "idempotency_key, tool, channel, recipients, recipient_keys, request, request_fingerprint, content_fingerprint, "
+    "sender, campaign_id, lead_id, message_id, batch_id"
+)
+"""What an `Intent` fills in (`_intent_values`, in this order)."""
 _INSERT = f"""
-    INSERT INTO operations (id, idempotency_key, tool, channel, recipients, request, request_fingerprint,
-        content_fingerprint, campaign_id, lead_id, message_id, batch_id, state, attempts, lease_owner,
-        lease_expires_at, created_at, updated_at, first_sent_at)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'sending', 1, ?, {NOW} + ?, {NOW}, {NOW}, {NOW})
+    INSERT INTO operations (id, {_INTENT_COLUMNS}, state, attempts, lease_owner, lease_expires_at, created_at,
+        updated_at, first_sent_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'sending', 1, ?, {NOW} + ?, {NOW}, {NOW}, {NOW})
     RETURNING {_COLUMNS}
 """
 _INSERT_PLANNED = f"""
-    INSERT INTO operations (id, idempotency_key, tool, channel, recipients, request, request_fingerprint,
-        content_fingerprint, campaign_id, lead_id, message_id, batch_id, state, created_at, updated_at)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {NOW}, {NOW})
+    INSERT INTO operations (id, {_INTENT_COLUMNS}, state, created_at, updated_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {NOW}, {NOW})
 """
-_CLAIM_READY_BY_KEY = f"""
+_INSERT_RECIPIENTS = """
+    INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
+    SELECT o.id, r.value, o.content_fingerprint FROM operations o, json_each(o.recipients) r WHERE o.id = ?
+"""
+_CLAIM_READY_BY_ID = f"""
     UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = ?,
         lease_expires_at = {NOW} + ?, updated_at = {NOW}, first_sent_at = COALESCE(first_sent_at, {NOW})
-    WHERE id = ? AND state = 'ready' AND request_fingerprint = ? AND COALESCE(not_before, 0) <= {NOW}
-      AND NOT {_SUPPRESSED}
+    WHERE id = ? AND state = 'ready' AND COALESCE(not_before, 0) <= {NOW} AND NOT {_SUPPRESSED}
 """
+_SENDERS_AGREE = """NOT EXISTS (
+    SELECT 1 FROM json_each(o.sender) a, json_each({sender}) b WHERE a.key = b.key AND a.value IS NOT b.value)"""
+"""`policy.senders_agree` in SQL: sender fields differ only where both give them."""
+_MATCHES = f"""
+    SELECT {_O_COLUMNS} FROM operation_recipients r JOIN operations o ON o.id = r.operation_id
+    WHERE r.content_fingerprint = ? AND r.recipient IN (SELECT value FROM json_each(?))
+      AND o.idempotency_key != ? AND o.tool = ?
+      AND (o.state IN (SELECT value FROM json_each(?)) OR (? AND o.may_have_left))
+      AND o.created_at >= {NOW} - ? AND {_SENDERS_AGREE.format(sender="?")}
+    GROUP BY o.id ORDER BY o.created_at DESC, o.rowid DESC LIMIT 20
+"""
+"""Operations that block a new send (`policy.blocks`): the same message to one of its recipients, live,
+within the window, under another key."""
 _CLAIM_READY = f"""
     UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = ?,
         lease_expires_at = {NOW} + ?, updated_at = {NOW}, first_sent_at = COALESCE(first_sent_at, {NOW})
@@ -136,20 +156,12 @@ _CANCEL_SUPPRESSED = f"""
     WHERE state IN ('planned', 'ready') AND {_SUPPRESSED}
     RETURNING id, state
 """
-_LIVE_STATES = "'planned', 'ready', 'sending', 'accepted', 'unknown', 'needs_review'"
-"""States whose content a fresh key may not repeat within the duplicate window."""
-_LIVE_DUPLICATE = f"""
-    {_SELECT} WHERE content_fingerprint = ? AND idempotency_key != ?
-      AND state IN ({_LIVE_STATES})
-      AND created_at >= {NOW} - ?
-    ORDER BY created_at DESC LIMIT 1
-"""
 _LEASE_EXPIRED = "lease expired while sending: the request may have left"
 _CHUNK = 500
 """Sends staged per round trip while planning a batch."""
 _RECORD = f"""
     UPDATE operations SET state = ?, provider_id = COALESCE(?, provider_id), result = COALESCE(?, result),
-        last_error = COALESCE(?, last_error), review_reason = ?,
+        last_error = COALESCE(?, last_error), review_reason = ?, attempts = attempts - ?,
         not_before = CASE WHEN ? IS NULL THEN NULL ELSE {NOW} + ? END,
         next_check_at = CASE WHEN ? IS NULL THEN NULL ELSE {NOW} + ? END,
         lease_expires_at = NULL, updated_at = {NOW}
@@ -161,8 +173,7 @@ _EVENT = f"""
 """
 _LIST_OPERATIONS = f"""
     {_SELECT} WHERE (? IS NULL OR state = ?) AND (? IS NULL OR campaign_id = ?) AND (? IS NULL OR batch_id = ?)
-      AND (? IS NULL OR EXISTS (
-          SELECT 1 FROM json_each(operations.recipients) r WHERE hg_normalise(r.value) = ?))
+      AND (? IS NULL OR EXISTS (SELECT 1 FROM json_each(operations.recipient_keys) r WHERE r.value = ?))
       AND (? IS NULL OR created_at >= ?)
       AND (? IS NULL OR (created_at, rowid) < (SELECT created_at, rowid FROM operations o WHERE o.id = ?))
     ORDER BY created_at DESC, rowid DESC LIMIT ?
@@ -196,12 +207,12 @@ _RECORD_WEBHOOK = f"""
 """
 _RESOLVE_REVIEW = f"""
     UPDATE operations SET state = ?, provider_id = COALESCE(?, provider_id), cancel_reason = COALESCE(?, cancel_reason),
-        last_error = COALESCE(?, last_error), lease_owner = NULL, lease_expires_at = NULL, next_check_at = NULL,
-        updated_at = {NOW}
+        last_error = COALESCE(?, last_error), may_have_left = ?, lease_owner = NULL, lease_expires_at = NULL,
+        next_check_at = NULL, updated_at = {NOW}
     WHERE id = ? AND state = 'needs_review'
 """
 _SUPERSEDE = f"""
-    UPDATE operations SET state = 'cancelled', cancel_reason = ?, resent_as = ?, lease_owner = NULL,
+    UPDATE operations SET state = 'cancelled', cancel_reason = ?, resent_as = ?, may_have_left = 1, lease_owner = NULL,
         lease_expires_at = NULL, next_check_at = NULL, updated_at = {NOW}
     WHERE id = ? AND state = 'needs_review'
 """
@@ -276,7 +287,7 @@ class SqliteLedger:
         return await self._write(_suppress, suppression, actor)
 
     async def remove_suppression(self, recipient: str, channel: str) -> bool:
-        return await self._write(_remove_suppression, normalise_recipient(recipient), channel)
+        return await self._write(_remove_suppression, _opt_out_key(recipient, channel), channel)
 
     async def list_suppressions(self) -> list[Suppression]:
         rows = await self._run(
@@ -343,7 +354,7 @@ class SqliteLedger:
         limit: int = 100,
     ) -> list[Operation]:
         state_value = state.value if state is not None else None
-        wanted = normalise_recipient(recipient) if recipient is not None else None
+        wanted = recipients.comparable(recipient, None) if recipient is not None else None
         after = since.timestamp() if since is not None else None
         filters = (state_value, campaign_id, batch_id, wanted, after, before)
         params = [value for value in filters for _ in range(2)]
@@ -530,8 +541,6 @@ def _connect(path: str) -> sqlite3.Connection:
 def _prepare(db: sqlite3.Connection, path: str) -> None:
     """Run through `_waiting`, so under the busy timeout."""
     busy_timeout_seconds = db.execute("PRAGMA busy_timeout").fetchone()[0] / 1000
-    # Opt-outs compare recipients exactly as Python normalises them (Unicode case included).
-    db.create_function("hg_normalise", 1, normalise_recipient, deterministic=True)
     _switch_to_wal(db, busy_timeout_seconds)
     db.execute("PRAGMA synchronous = NORMAL")
     db.execute("PRAGMA foreign_keys = ON")
@@ -543,17 +552,44 @@ def _begin_send(
 ) -> Begin:
     _expire(db)
     existing = _one(db, f"{_SELECT} WHERE idempotency_key = ?", (intent.idempotency_key,))
-    if existing is None:
-        _refuse_unsendable(db, intent, duplicate_window_seconds)
-        operation_id = str(uuid.uuid4())
-        inserted = db.execute(_INSERT, (operation_id, *_intent_values(intent), owner, lease_seconds)).fetchone()
-        _event(db, operation_id, None, State.SENDING, owner, "intent recorded; forwarding")
-        return Begin(_operation(inserted), claimed=True)
-    claimed = db.execute(_CLAIM_READY_BY_KEY, (owner, lease_seconds, existing.id, intent.request_fingerprint))
-    if claimed.rowcount == 1:
-        _event(db, existing.id, State.READY, State.SENDING, owner, "claimed; forwarding")
-        return Begin(_must(db, existing.id), claimed=True)
-    return Begin(existing, claimed=False)
+    if existing is not None:
+        same = existing.request_fingerprint == intent.request_fingerprint or policy.same_meaning(existing, intent)
+        return _claim_if_ready(db, existing, owner, lease_seconds) if same else Begin(existing, claimed=False)
+    if _suppressed(db, intent.recipients, intent.channel):
+        raise policy.suppressed_refusal(intent.recipients, intent.channel)
+    if duplicate_window_seconds is not None:
+        matches = _matches(db, intent, duplicate_window_seconds)
+        if matches:
+            return _claim_if_ready(db, policy.repeat_of(intent, matches), owner, lease_seconds)
+    operation_id = str(uuid.uuid4())
+    inserted = db.execute(_INSERT, (operation_id, *_intent_values(intent), owner, lease_seconds)).fetchone()
+    db.execute(_INSERT_RECIPIENTS, (operation_id,))
+    _event(db, operation_id, None, State.SENDING, owner, "intent recorded; forwarding")
+    return Begin(_operation(inserted), claimed=True)
+
+
+def _claim_if_ready(db: sqlite3.Connection, operation: Operation, owner: str, lease_seconds: float) -> Begin:
+    """A `ready` operation is claimed to be sent now (under its own key and request); any other is answered from."""
+    if db.execute(_CLAIM_READY_BY_ID, (owner, lease_seconds, operation.id)).rowcount == 1:
+        _event(db, operation.id, State.READY, State.SENDING, owner, "claimed; forwarding")
+        return Begin(_must(db, operation.id), claimed=True)
+    return Begin(operation, claimed=False)
+
+
+def _matches(db: sqlite3.Connection, intent: Intent, window_seconds: float) -> list[Operation]:
+    """The operations that block `intent` being recorded (see `_MATCHES`), newest first."""
+    states, closed_block = policy.blocking_states(allow_duplicate=intent.allow_duplicate)
+    params = (
+        intent.content_fingerprint,
+        json.dumps(list(intent.recipients)),
+        intent.idempotency_key,
+        intent.tool,
+        json.dumps(states),
+        closed_block,
+        window_seconds,
+        intent.sender,
+    )
+    return [_operation(row) for row in db.execute(_MATCHES, params)]
 
 
 def _record_outcome(db: sqlite3.Connection, operation_id: str, owner: str, outcome: Outcome, actor: str) -> Operation:
@@ -567,6 +603,7 @@ def _record_outcome(db: sqlite3.Connection, operation_id: str, owner: str, outco
             result,
             outcome.error,
             outcome.review_reason,
+            0 if outcome.attempted else 1,
             outcome.not_before_seconds,
             outcome.not_before_seconds,
             outcome.check_after_seconds,
@@ -617,14 +654,14 @@ class _Stage:
         db.execute(
             f"""CREATE TABLE {self.table} (
                 position INTEGER PRIMARY KEY, id TEXT NOT NULL, idempotency_key TEXT NOT NULL, tool TEXT NOT NULL,
-                channel TEXT NOT NULL, recipients TEXT NOT NULL, request TEXT NOT NULL,
-                request_fingerprint TEXT NOT NULL, content_fingerprint TEXT NOT NULL, campaign_id TEXT,
-                lead_id TEXT, message_id TEXT, allow_duplicate INTEGER NOT NULL)"""
+                channel TEXT NOT NULL, recipients TEXT NOT NULL, recipient_keys TEXT NOT NULL, request TEXT NOT NULL,
+                request_fingerprint TEXT NOT NULL, content_fingerprint TEXT NOT NULL, sender TEXT NOT NULL,
+                campaign_id TEXT, lead_id TEXT, message_id TEXT, allow_duplicate INTEGER NOT NULL)"""
         )
 
     def add(self, db: sqlite3.Connection, staged: int, intents: Sequence[Intent]) -> None:
         db.executemany(
-            f"INSERT INTO {self.table} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO {self.table} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (position, str(uuid.uuid4()), *_intent_values(intent)[:-1], intent.allow_duplicate)
                 for position, intent in enumerate(intents, start=staged + 1)
@@ -647,12 +684,15 @@ class _Stage:
         if duplicate_window_seconds is not None:
             self._refuse_duplicates(db, duplicate_window_seconds)
         db.execute(
-            f"""INSERT INTO operations (id, idempotency_key, tool, channel, recipients, request, request_fingerprint,
-                    content_fingerprint, campaign_id, lead_id, message_id, batch_id, state, created_at, updated_at)
-                SELECT id, idempotency_key, tool, channel, recipients, request, request_fingerprint,
-                    content_fingerprint, campaign_id, lead_id, message_id, ?, ?, {NOW}, {NOW}
+            f"""INSERT INTO operations (id, {_INTENT_COLUMNS}, state, created_at, updated_at)
+                SELECT id, idempotency_key, tool, channel, recipients, recipient_keys, request, request_fingerprint,
+                    content_fingerprint, sender, campaign_id, lead_id, message_id, ?, ?, {NOW}, {NOW}
                 FROM {self.table} ORDER BY position""",
             (batch_id, state.value),
+        )
+        db.execute(
+            f"""INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
+                SELECT p.id, r.value, p.content_fingerprint FROM {self.table} p, json_each(p.recipients) r"""
         )
         db.execute(
             f"""INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
@@ -678,16 +718,31 @@ class _Stage:
             )
 
     def _refuse_duplicates(self, db: sqlite3.Connection, window_seconds: float) -> None:
-        row = db.execute(
-            f"""SELECT p.position, {", ".join(f"o.{column}" for column in _COLUMNS.split(", "))}
-                FROM {self.table} p JOIN operations o ON o.content_fingerprint = p.content_fingerprint
-                WHERE NOT p.allow_duplicate AND o.idempotency_key != p.idempotency_key
-                  AND o.state IN ({_LIVE_STATES}) AND o.created_at >= {NOW} - ?
-                ORDER BY p.position LIMIT 1""",
-            (window_seconds,),
-        ).fetchone()
-        if row is not None:
-            raise policy.duplicate_refusal(_operation(row[1:]), row[0])
+        """The first staged send that the ledger already has (by meaning, for one of its recipients)."""
+        for allow_duplicate in (False, True):
+            states, closed_block = policy.blocking_states(allow_duplicate=allow_duplicate)
+            row = db.execute(
+                f"""SELECT p.position FROM {self.table} p, json_each(p.recipients) pr
+                    JOIN operation_recipients r
+                        ON r.content_fingerprint = p.content_fingerprint AND r.recipient = pr.value
+                    JOIN operations o ON o.id = r.operation_id
+                    WHERE p.allow_duplicate = ? AND o.idempotency_key != p.idempotency_key AND o.tool = p.tool
+                      AND (o.state IN (SELECT value FROM json_each(?)) OR (? AND o.may_have_left))
+                      AND o.created_at >= {NOW} - ? AND {_SENDERS_AGREE.format(sender="p.sender")}
+                    ORDER BY p.position LIMIT 1""",
+                (allow_duplicate, json.dumps(states), closed_block, window_seconds),
+            ).fetchone()
+            if row is not None:
+                intent = self._intent(db, row[0])
+                raise policy.already_planned(intent, _matches(db, intent, window_seconds), row[0])
+
+    def _intent(self, db: sqlite3.Connection, position: int) -> Intent:
+        names = _INTENT_COLUMNS.replace("batch_id", "allow_duplicate")
+        row = db.execute(f"SELECT {names} FROM {self.table} WHERE position = ?", (position,)).fetchone()
+        values = dict(zip(names.split(", "), row, strict=True))
+        values["recipients"] = tuple(json.loads(values["recipients"]))
+        del values["recipient_keys"]
+        return Intent.model_validate(values)
 
 
 def _chunks(items: Iterable[Intent], size: int) -> Iterator[list[Intent]]:
@@ -729,7 +784,12 @@ def _suppress(db: sqlite3.Connection, suppression: Suppression, actor: str) -> l
         f"INSERT INTO suppressions (recipient, channel, reason, source, created_at) "
         f"VALUES (?, ?, ?, ?, {NOW}) ON CONFLICT (recipient, channel) "
         "DO UPDATE SET reason = excluded.reason, source = excluded.source",
-        (normalise_recipient(suppression.recipient), suppression.channel, suppression.reason, suppression.source),
+        (
+            _opt_out_key(suppression.recipient, suppression.channel),
+            suppression.channel,
+            suppression.reason,
+            suppression.source,
+        ),
     )
     return _cancel_suppressed(db, actor, policy.suppression_reason(suppression))
 
@@ -817,7 +877,8 @@ def _resolve_review(
         raise policy.not_in_review(before, "resolved")
     cancel_reason = why if state is State.CANCELLED else None
     last_error = why if state is State.FAILED else None
-    db.execute(_RESOLVE_REVIEW, (state.value, provider_id, cancel_reason, last_error, operation_id))
+    may_have_left = state is not State.ACCEPTED  # closed by an operator: it may have been sent
+    db.execute(_RESOLVE_REVIEW, (state.value, provider_id, cancel_reason, last_error, may_have_left, operation_id))
     _event(db, operation_id, State.NEEDS_REVIEW, state, actor, why)
     return _must(db, operation_id)
 
@@ -834,6 +895,7 @@ def _resend(db: sqlite3.Connection, operation_id: str, intent: Intent, reason: s
     new_id = str(uuid.uuid4())
     texts = policy.resend_texts(old.id, new_id, reason)
     db.execute(_INSERT_PLANNED, (new_id, *_intent_values(intent), State.READY.value))
+    db.execute(_INSERT_RECIPIENTS, (new_id,))
     db.execute("UPDATE operations SET resend_of = ? WHERE id = ?", (old.id, new_id))
     _event(db, new_id, None, State.READY, actor, texts.new_event)
     db.execute(_SUPERSEDE, (texts.cancel_reason, new_id, old.id))
@@ -848,6 +910,7 @@ def _prune(db: sqlite3.Connection, older_than_seconds: float) -> PruneReport:
     which = (resolved, cutoff, cutoff)
     events = db.execute(f"DELETE FROM events WHERE operation_id IN ({_PRUNABLE})", which).rowcount
     db.execute(f"DELETE FROM delivery_events WHERE operation_id IN ({_PRUNABLE})", which)
+    db.execute(f"DELETE FROM operation_recipients WHERE operation_id IN ({_PRUNABLE})", which)
     operations = db.execute(f"DELETE FROM operations WHERE id IN ({_PRUNABLE})", which).rowcount
     hooks = db.execute(f"DELETE FROM webhook_deliveries WHERE received_at < {NOW} - ?", (webhook_age,)).rowcount
     return PruneReport(operations=operations, events=events, webhook_deliveries=hooks)
@@ -932,9 +995,43 @@ def _migrate(db: sqlite3.Connection, path: str) -> None:
         for version, sql in known:
             if version > current:
                 _run_script(db, sql)
+                if version in _BACKFILLS:
+                    _BACKFILLS[version](db)
                 db.execute(f"PRAGMA user_version = {version}")
 
     _transaction(db, apply)
+
+
+def _backfill_recipients(db: sqlite3.Connection) -> None:
+    """Version 6: recipients, opt-out keys, message fingerprints and senders recomputed (`backfill`)."""
+    rows = db.execute("SELECT id, tool, channel, request FROM operations ORDER BY rowid")
+    for page in backfill.pages(iter(rows.fetchall())):
+        found = [
+            (operation_id, backfill.facts(tool, channel, request)) for operation_id, tool, channel, request in page
+        ]
+        db.executemany(
+            "UPDATE operations SET recipients = ?, recipient_keys = ?, content_fingerprint = ?, sender = ? "
+            "WHERE id = ?",
+            [
+                (json.dumps(f.recipients), json.dumps(f.recipient_keys), f.content_fingerprint, f.sender, operation_id)
+                for operation_id, f in found
+            ],
+        )
+        db.executemany(
+            "INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint) VALUES (?, ?, ?)",
+            [(operation_id, r, f.content_fingerprint) for operation_id, f in found for r in f.recipients],
+        )
+    opt_outs = db.execute("SELECT rowid, recipient, channel FROM suppressions ORDER BY created_at").fetchall()
+    for rowid, recipient, channel in opt_outs:  # of two that now read the same, the earliest is kept
+        key = recipients.comparable(recipient, channel)
+        if key != recipient:
+            moved = db.execute("UPDATE OR IGNORE suppressions SET recipient = ? WHERE rowid = ?", (key, rowid))
+            if moved.rowcount == 0:
+                db.execute("DELETE FROM suppressions WHERE rowid = ?", (rowid,))
+
+
+_BACKFILLS: dict[int, Callable[[sqlite3.Connection], None]] = {6: _backfill_recipients}
+"""Migrations whose stored values are recomputed in Python right after their SQL, in their transaction."""
 
 
 def _schema_version(db: sqlite3.Connection, path: str, latest: int) -> int:
@@ -1055,14 +1152,17 @@ def _epoch(moment: datetime | None) -> float | None:
 
 
 def _intent_values(intent: Intent) -> tuple[Any, ...]:
+    """Values for `_INTENT_COLUMNS`."""
     return (
         intent.idempotency_key,
         intent.tool,
         intent.channel,
         json.dumps(list(intent.recipients)),
+        json.dumps(recipients.keys_of(intent.recipients)),
         intent.request,
         intent.request_fingerprint,
         intent.content_fingerprint,
+        intent.sender,
         intent.campaign_id,
         intent.lead_id,
         intent.message_id,
@@ -1070,10 +1170,11 @@ def _intent_values(intent: Intent) -> tuple[Any, ...]:
     )
 
 
-def _suppressed(db: sqlite3.Connection, recipients: Sequence[str], channel: str) -> bool:
-    if not recipients:
+def _suppressed(db: sqlite3.Connection, reached: Sequence[str], channel: str) -> bool:
+    """Whether any of these (normalised) recipients opted out of `channel`, or of everything."""
+    if not reached:
         return False
-    names = [normalise_recipient(r) for r in recipients]
+    names = recipients.keys_of(reached, channel)
     marks = ", ".join("?" for _ in names)
     found = db.execute(
         f"SELECT 1 FROM suppressions WHERE recipient IN ({marks}) AND channel IN (?, 'all') LIMIT 1",
@@ -1082,15 +1183,9 @@ def _suppressed(db: sqlite3.Connection, recipients: Sequence[str], channel: str)
     return found is not None
 
 
-def _refuse_unsendable(db: sqlite3.Connection, intent: Intent, duplicate_window_seconds: float | None) -> None:
-    """Refuse before recording: an opted-out recipient, or a fresh key for content already sent."""
-    if _suppressed(db, intent.recipients, intent.channel):
-        raise policy.suppressed_refusal(intent.recipients, intent.channel)
-    if duplicate_window_seconds is None or intent.allow_duplicate:
-        return
-    earlier = _one(db, _LIVE_DUPLICATE, (intent.content_fingerprint, intent.idempotency_key, duplicate_window_seconds))
-    if earlier is not None:
-        raise policy.duplicate_refusal(earlier)
+def _opt_out_key(recipient: str, channel: str) -> str:
+    """An opt-out's recipient in the one normal form (the edges refuse one that has none: a webhook's is kept)."""
+    return recipients.comparable(recipient, channel)
 
 
 def _tool_pins(db: sqlite3.Connection) -> list[ToolPin]:
@@ -1139,6 +1234,7 @@ def _operation(row: Sequence[Any]) -> Operation:
     values = dict(zip(_COLUMNS.split(", "), row, strict=True))
     values["recipients"] = json.loads(values["recipients"])
     values["result"] = json.loads(values["result"]) if values["result"] is not None else None
+    values["sender"] = json.loads(values["sender"])
     for name in _TIME_COLUMNS:
         values[name] = _time(values[name]) if values[name] is not None else None
     return Operation.model_validate(values)
