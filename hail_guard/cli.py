@@ -719,20 +719,30 @@ async def _review_resolve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _review_resend(args: argparse.Namespace, settings: Settings) -> int:
-    async with app.open_ledger_from(settings) as ledger:
-        operation = await _find_operation(ledger, args.id_or_key)
-    if operation.state is not State.NEEDS_REVIEW:
-        raise policy.not_in_review(operation, "resent")
-    if not args.yes and not await _confirm_resend(operation):
-        print("nothing was resent", file=sys.stderr)
-        return 1
     async with app.open_proxy(settings) as proxy:
+        operation = await _find_operation(proxy.guard.ledger, args.id_or_key)
+        if operation.state is not State.NEEDS_REVIEW:
+            raise policy.not_in_review(operation, "resent")
+        await proxy.guard.upstream.wait_connected()
+        seen = await proxy.guard.look_for(operation)
+        print(f"looked in Hail ({seen.searched}): {_sighting_text(seen)}", file=sys.stderr)
+        if seen.record is not None:
+            raise policy.found_in_upstream(operation, seen.record, seen.searched)
+        if not args.yes and not await _confirm_resend(operation):
+            print("nothing was resent", file=sys.stderr)
+            return 1
         resent = await review.resend(proxy.guard, operation.id, reason=args.reason, actor=args.by)
     print(f"{operation.id} resent as {resent.id} (key {resent.idempotency_key}): {resent.state.value}")
     if resent.state is not State.ACCEPTED:
         print(f"next: {next_step(resent)}")
         return 3
     return 0
+
+
+def _sighting_text(seen: Any) -> str:
+    if seen.record is not None:
+        return f"found {seen.record.get('id')} (status {seen.record.get('status')})"
+    return "no such message" if seen.complete else "there is no way to look, so not finding it proves nothing"
 
 
 async def _confirm_resend(operation: Operation) -> bool:

@@ -51,6 +51,8 @@ LOOKUP_TOOLS: Final[Mapping[str, tuple[str, str]]] = {
     "call": ("get_call", "call_id"),
 }
 """The Hail tool (and its id argument) that reads a message back, per channel."""
+SEARCH_TOOLS: Final[Mapping[str, str]] = {"email": "list_emails", "sms": "list_sms", "call": "list_calls"}
+"""The Hail tool that lists a channel's messages to a recipient (`to`), newest first."""
 
 EVENT_TYPES: Final[Mapping[str, DeliveryState]] = {
     f"{channel}.{state.value}": state for channel, states in CHANNEL_STATES.items() for state in states

@@ -28,6 +28,7 @@ from hail_guard.errors import (
     OutcomeNotRecorded,
     RefusedByPolicy,
     UpstreamError,
+    UpstreamLost,
     UpstreamUnavailable,
 )
 from hail_guard.ledger import Ledger
@@ -39,6 +40,8 @@ _RECORD_ATTEMPTS = 5
 _RECONCILE_MAX = 100
 """Operations one `reconcile` call settles at most (the rest are due for the next call)."""
 _LOOKUP_TOOLS = delivery.LOOKUP_TOOLS
+_SEARCH_LIMIT = 100
+"""Messages to a recipient read back at most, newest first, when looking for one with no id."""
 PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}"
 ALLOW_DUPLICATE = "allow_duplicate"
 """An argument hail-guard adds to guarded tools: a deliberate repeat; removed before forwarding."""
@@ -314,6 +317,44 @@ class Guard:
             return Outcome(state=State.ACCEPTED, reason=f"{tool} found the message", result=payload)
         reason = f"{tool} did not find {operation.provider_id}: {_text_of(result)[:200]}"
         return Outcome(state=State.NEEDS_REVIEW, reason=reason, review_reason=reason)
+
+    async def look_for(self, operation: Operation) -> Sighting:
+        """Look in Hail for the message of `operation`: by its id when known, else among the messages to its
+        first recipient since it was recorded. Sends nothing; `UpstreamError` when Hail gave no answer."""
+        tool, id_field = _LOOKUP_TOOLS.get(operation.channel, (None, None))
+        if operation.provider_id and tool is not None and id_field is not None:
+            payload = await self._read(tool, {id_field: operation.provider_id})
+            found = payload if payload.get("id") == operation.provider_id else None
+            return Sighting(found, f"{tool} {operation.provider_id}", complete=True)
+        search = delivery.SEARCH_TOOLS.get(operation.channel)
+        to = policy.first_recipient_as_sent(operation)
+        if search is None or to is None:
+            return Sighting(None, f"no tool lists {operation.channel} messages", complete=False)
+        rows = (await self._read(search, {"to": to, "limit": _SEARCH_LIMIT})).get("data")
+        searched = f"{search} to {to} since {operation.created_at:%Y-%m-%d %H:%M:%S}"
+        if not isinstance(rows, list):
+            raise UpstreamLost(f"{search} answered without a `data` list of messages; nothing was resent")
+        return Sighting(policy.sighting(operation, rows), searched, complete=True)
+
+    async def _read(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """A read tool's JSON answer; `UpstreamLost` when it gave none (an error, unreadable)."""
+        result = await self.upstream.call_tool(tool, arguments, timeout_seconds=self.settings.timeout_seconds)
+        payload = payload_of(result)
+        if result.is_error or payload is None or ("error" in payload and "resource not found" not in str(payload)):
+            raise UpstreamLost(f"{tool} gave no usable answer ({_text_of(result)[:200]}); nothing was resent")
+        return payload
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """What a look in Hail for an operation's message found (`Guard.look_for`)."""
+
+    record: dict[str, Any] | None
+    """Hail's record of the message, when it has one."""
+    searched: str
+    """What was asked, in words (for an operator)."""
+    complete: bool
+    """False when there is no tool to look with: then not finding proves nothing."""
 
 
 def _not_recorded(operation: Operation, outcome: Outcome, cause: LedgerUnavailable) -> OutcomeNotRecorded:

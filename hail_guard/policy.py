@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -513,6 +513,58 @@ def next_step(operation: Operation) -> str:
     if operation.may_have_left:
         return _MAY_HAVE_LEFT_STEP
     return _NEXT_STEP[operation.state].format(id=operation.id)
+
+
+SIGHTING_MARGIN_SECONDS = 300.0
+"""A message Hail lists this long before an operation was recorded may still be it (clocks differ)."""
+_SIGHTING_FIELDS = {"email": ("subject",), "sms": ("body",), "call": ("first_message", "system_prompt")}
+"""What a listed record must say alike, per channel, to be an operation's message (where both say it)."""
+
+
+def first_recipient_as_sent(operation: Operation) -> str | None:
+    """The operation's first `to` recipient, spelt as it was sent (what an upstream's `to` filter matches)."""
+    to = operation.arguments().get("to")
+    first = to[0] if isinstance(to, list) and to else to
+    return first if isinstance(first, str) else None
+
+
+def sighting(operation: Operation, records: Sequence[object]) -> dict[str, Any] | None:
+    """Among records an upstream listed for the operation's recipient, the one that is its message."""
+    request = operation.arguments()
+    since = operation.created_at - timedelta(seconds=SIGHTING_MARGIN_SECONDS)
+    for record in records:
+        if not isinstance(record, dict):
+            continue
+        if record.get("idempotency_key") == operation.idempotency_key:
+            return record
+        created = _moment(record.get("created_at") or record.get("requested_at"))
+        if created is None or created < since:
+            continue
+        fields = _SIGHTING_FIELDS.get(operation.channel, ())
+        said = [name for name in fields if record.get(name) is not None and request.get(name) is not None]
+        if all(keys.meaning_of(record[name]) == keys.meaning_of(request[name]) for name in said):
+            return record
+    return None
+
+
+def _moment(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def found_in_upstream(operation: Operation, record: Mapping[str, Any], searched: str) -> RefusedByPolicy:
+    """The refusal of a resend whose message Hail already has."""
+    found = record.get("id", "?")
+    return RefusedByPolicy(
+        f"Hail has this message ({searched} found {found}, status {record.get('status', '?')}): it was sent, so "
+        f"nothing was resent. Record it with `hail-guard review resolve {operation.id} --as accepted "
+        f'--provider-id {found} --reason "found in Hail"`'
+    )
 
 
 def check_review_decision(state: State, reason: str, provider_id: str | None = None) -> None:

@@ -43,12 +43,16 @@ def resend_intent(operation: Operation) -> Intent:
 async def resend(guard: Guard, operation_id: str, *, reason: str, actor: str) -> Operation:
     """Supersede a `needs_review` operation by a new one and send that; returns the new operation.
 
-    Refused before anything is recorded when the operation is not in review or Hail is unreachable.
+    Refused before anything is recorded when the operation is not in review, when Hail is unreachable, and
+    when Hail has the message (`Guard.look_for`: by its id, else among the messages to its recipient).
     """
     operation = await guard.ledger.get(operation_id)
     if operation.state is not State.NEEDS_REVIEW:
         raise policy.not_in_review(operation, "resent")
     await guard.upstream.wait_connected()
+    seen = await guard.look_for(operation)  # a resend of a message Hail has would be a second send
+    if seen.record is not None:
+        raise policy.found_in_upstream(operation, seen.record, seen.searched)
     intent = resend_intent(operation)
     created = await guard.ledger.resend(operation.id, intent, reason=reason, actor=actor)
     log.info("operation_resent", operation_id=operation.id, new_operation_id=created.id, key=intent.idempotency_key)

@@ -270,8 +270,9 @@ def test_review_resend_asks_first_then_sends_a_new_linked_operation(
 
 
 async def conflicted(harness: Harness) -> str:
-    """A send whose key Hail holds for another body: needs_review on the first attempt."""
-    other = {**email(body_text="An older draft"), "idempotency_key": "c1:l1:email:intro"}
+    """A send whose key Hail holds for another message: needs_review on the first attempt. (Its subject differs:
+    a message to the same recipient with the same subject since would be taken for this one, and not resent.)"""
+    other = {**email(subject="An older draft", body_text="An older draft"), "idempotency_key": "c1:l1:email:intro"}
     await harness.proxy.guard.upstream.call_tool("send_email", other)
     view = data(await harness.call("send_email", email()))["hail_guard"]
     assert view["state"] == "needs_review"
