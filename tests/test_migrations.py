@@ -1,0 +1,180 @@
+"""Upgrading a ledger written by an older hail-guard: SQLite 5 -> 6 and PostgreSQL 7 -> 8.
+
+The rows an older version wrote (recipients as given, `to` alone, opt-outs trimmed and lower-cased,
+content fingerprints over the whole request) are recomputed from their stored requests, so the new
+rules hold for them too: an opt-out in an old spelling stops the sends it names, a retry of an old
+send is recognised by meaning, and every recipient field of an old send is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hail_guard import keys
+from hail_guard.errors import Suppressed
+from hail_guard.ledger import Ledger, open_ledger
+from hail_guard.ledger import postgres as postgres_ledger
+from hail_guard.ledger import sqlite as sqlite_ledger
+from hail_guard.models import Intent, State
+from tests.postgres import PostgresServer
+
+CC_SEND = {
+    "to": ["Ada@Example.com "],
+    "cc": ["Élodie <ÉLODIE@example.com>"],
+    "subject": "Hello",
+    "body_text": "Hi  there",
+    "recipient_consent": True,
+    "idempotency_key": "old:ada:email:intro",
+}
+"""Written by the old version with recipients ["Ada@Example.com "] (`to` alone)."""
+SMS_SEND = {"to": "+14155550190", "body": "Hi", "recipient_consent": True, "idempotency_key": "old:sms"}
+OLD_OPT_OUTS = [("+1 (415) 555-0190", "sms"), (" élodie@example.com", "email"), ("ada@example.com", "all")]
+"""As the old version stored them (its normal form was trimmed and lower-cased, so these ones it wrote
+as typed by hand into the database, or as a webhook gave them)."""
+
+
+def _legacy_rows() -> list[dict[str, Any]]:
+    rows = []
+    for tool, channel, request, recipients, state in (
+        ("send_email", "email", CC_SEND, ["Ada@Example.com "], "accepted"),
+        ("send_sms", "sms", SMS_SEND, ["+14155550190"], "ready"),
+    ):
+        text = keys.canonical_json(request)
+        rows.append(
+            {
+                "id": str(uuid.uuid4()),
+                "idempotency_key": request["idempotency_key"],
+                "tool": tool,
+                "channel": channel,
+                "recipients": json.dumps(recipients),
+                "request": text,
+                "request_fingerprint": keys.fingerprint(text),
+                "content_fingerprint": keys.fingerprint("the old whole-request form"),
+                "state": state,
+            }
+        )
+    return rows
+
+
+def _at_version(path: Path, version: int) -> None:
+    """A SQLite ledger as hail-guard at schema `version` left it, with the legacy rows."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        for number, sql in sqlite_ledger.migrations():
+            if number <= version:
+                db.executescript(sql)
+        db.execute(f"PRAGMA user_version = {version}")
+        for row in _legacy_rows():
+            db.execute(
+                "INSERT INTO operations (id, idempotency_key, tool, channel, recipients, request, request_fingerprint,"
+                " content_fingerprint, state, created_at, updated_at) VALUES (:id, :idempotency_key, :tool, :channel,"
+                " :recipients, :request, :request_fingerprint, :content_fingerprint, :state,"
+                " unixepoch('now'), unixepoch('now'))",
+                row,
+            )
+        db.executemany(
+            "INSERT INTO suppressions (recipient, channel, reason, source, created_at) "
+            "VALUES (?, ?, 'STOP', 'old', unixepoch('now'))",
+            OLD_OPT_OUTS,
+        )
+    finally:
+        db.close()
+
+
+async def _postgres_at_version(url: str, version: int) -> None:
+    import asyncpg
+
+    db = await asyncpg.connect(url)
+    try:
+        await db.execute(postgres_ledger._CREATE_SCHEMA_TABLE)
+        for number, sql in postgres_ledger.migrations():
+            if number <= version:
+                await db.execute(sql)
+                await db.execute("INSERT INTO hail_guard_schema_version (version) VALUES ($1)", number)
+        for row in _legacy_rows():
+            await db.execute(
+                "INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request,"
+                " request_fingerprint, content_fingerprint, state, created_at, updated_at) VALUES ($1, $2, $3, $4,"
+                " $5::jsonb, ARRAY(SELECT lower(btrim(r)) FROM jsonb_array_elements_text($5::jsonb) r), $6, $7, $8,"
+                " $9, now(), now())",
+                *(row[name] for name in ("id", "idempotency_key", "tool", "channel", "recipients", "request")),
+                row["request_fingerprint"],
+                row["content_fingerprint"],
+                row["state"],
+            )
+        await db.executemany(
+            "INSERT INTO suppressions (recipient, channel, reason, source, created_at) VALUES ($1, $2, 'STOP', 'old', "
+            "now())",
+            OLD_OPT_OUTS,
+        )
+    finally:
+        await db.close()
+
+
+async def _upgraded_rows_follow_the_new_rules(ledger: Ledger) -> None:
+    email = await ledger.find_by_key("old:ada:email:intro")
+    assert email is not None
+    assert email.recipients == ["ada@example.com", "élodie@example.com"]
+    assert email.content_fingerprint == keys.content_fingerprint("send_email", CC_SEND)
+    assert email.sender == {}
+    opt_outs = {(s.recipient, s.channel) for s in await ledger.list_suppressions()}
+    assert opt_outs == {("+14155550190", "sms"), ("élodie@example.com", "email"), ("ada@example.com", "all")}
+    assert await ledger.claim_ready(owner="w", lease_seconds=60) == []  # the old SMS to an opted-out number waits
+    assert await ledger.is_suppressed(email.recipients, "email")
+    retry = {**CC_SEND, "idempotency_key": "a new key", "body_text": "Hi there", "cc": ["élodie@example.com"]}
+    text = keys.canonical_json(retry)
+    intent = Intent(
+        idempotency_key="a new key",
+        tool="send_email",
+        channel="email",
+        recipients=("ada@example.com", "élodie@example.com"),
+        request=text,
+        request_fingerprint=keys.fingerprint(text),
+        content_fingerprint=keys.content_fingerprint("send_email", retry),
+    )
+    with pytest.raises(Suppressed):  # Élodie (in cc) opted out
+        await ledger.begin_send(intent, owner="w", lease_seconds=60, duplicate_window_seconds=3600)
+    await ledger.remove_suppression("élodie@example.com", "email")
+    await ledger.remove_suppression("ada@example.com", "all")
+    again = await ledger.begin_send(intent, owner="w", lease_seconds=60, duplicate_window_seconds=3600)
+    assert (again.claimed, again.operation.id, again.operation.state) == (False, email.id, State.ACCEPTED)
+
+
+async def test_a_sqlite_ledger_of_schema_5_is_upgraded_by_its_stored_requests(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    _at_version(path, 5)
+    async with open_ledger(f"sqlite:///{path}") as ledger:
+        await _upgraded_rows_follow_the_new_rules(ledger)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == sqlite_ledger.migrations()[-1][0]
+
+
+async def test_a_postgresql_ledger_of_schema_7_is_upgraded_by_its_stored_requests(
+    postgres_server: PostgresServer,
+) -> None:
+    async with postgres_server.database(migrated=False) as url:
+        await _postgres_at_version(url, 7)
+        async with open_ledger(url) as ledger:
+            await _upgraded_rows_follow_the_new_rules(ledger)
+
+
+async def test_begin_send_is_recreated_when_its_text_changes(postgres_server: PostgresServer) -> None:
+    import asyncpg
+
+    async with postgres_server.database() as url:
+        db = await asyncpg.connect(url)
+        try:
+            await db.execute("UPDATE hail_guard_functions SET checksum = 'an older text' WHERE name = 'begin_send'")
+            await db.execute("DROP FUNCTION hg_begin_send")
+            assert await postgres_ledger.migrate(url) == postgres_ledger.migrations()[-1][0]
+            checksum = await db.fetchval("SELECT checksum FROM hail_guard_functions WHERE name = 'begin_send'")
+            assert checksum == postgres_ledger._function_texts()["begin_send"][0]
+            assert await db.fetchval("SELECT count(*) FROM pg_proc WHERE proname = 'hg_begin_send'") == 1
+        finally:
+            await db.close()

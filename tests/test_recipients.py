@@ -1,0 +1,252 @@
+"""One normalisation of addresses and numbers: opt-outs that no spelling and no recipient field bypasses."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hail_guard.errors import Suppressed
+from hail_guard.guard import Guard, GuardSettings
+from hail_guard.ledger import Ledger, open_ledger
+from hail_guard.models import Intent, Suppression
+from hail_guard.recipients import BadRecipient, normalise_recipient, recipient_keys, recipients_of
+from hail_guard.sandbox.tools import input_schema
+from tests.conftest import data, open_harness, text
+from tests.postgres import PostgresServer
+
+
+@pytest.mark.parametrize(
+    ("spelling", "channel", "normal"),
+    [
+        ("Ada@Example.com", "email", "ada@example.com"),
+        ("  ada@example.com\t", "email", "ada@example.com"),
+        ("Élodie <élodie@example.com>", "email", "élodie@example.com"),
+        ('"Ada, the first" <ADA@example.com>', "email", "ada@example.com"),
+        (unicodedata.normalize("NFD", "élodie@example.com"), "email", "élodie@example.com"),
+        ("ÉLODIE@EXAMPLE.COM", "email", "élodie@example.com"),
+        ("mailto:ada@example.com", "email", "ada@example.com"),
+        ("ada@example.com.", "email", "ada@example.com"),
+        ("ada@xn--exmple-cua.com", "email", "ada@exämple.com"),
+        ("+1 (415) 555-0190", "sms", "+14155550190"),
+        ("+1 415-555-0181", "sms", "+14155550181"),
+        ("+1.415.555.0190", "call", "+14155550190"),
+        ("tel:+14155550190", "sms", "+14155550190"),
+        ("+44 (0) 20 7946 0958", "sms", "+442079460958"),
+        ("＋１ ４１５ ５５５ ０１９０", "sms", "+14155550190"),
+        ("+1 (415) 555-0190", "all", "+14155550190"),
+        ("Ada@Example.com", "all", "ada@example.com"),
+    ],
+)
+def test_every_spelling_of_one_mailbox_or_number_has_one_normal_form(spelling: str, channel: str, normal: str) -> None:
+    assert normalise_recipient(spelling, channel) == normal
+
+
+@pytest.mark.parametrize(
+    ("spelling", "channel", "says"),
+    [
+        ("", "email", "empty"),
+        ("   ", "all", "empty"),
+        ("e\u200blodie@example.com", "email", "invisible character (U+200B)"),
+        ("ada@exam\u200dple.com", "email", "invisible character (U+200D)"),
+        ("ad\u00ada@example.com", "email", "invisible character (U+00AD)"),
+        ("\u202eada@example.com", "email", "invisible character (U+202E)"),
+        ("ada at example.com", "email", "not an email address"),
+        ("ada@", "email", "not an email address"),
+        ("a b@example.com", "email", "not an email address"),
+        ("415 555 0190", "sms", "international form"),
+        ("0415 555 0190", "all", "international form"),
+        ("+1 415", "sms", "international form"),
+        ("not a number", "sms", "international form"),
+    ],
+)
+def test_a_recipient_that_is_no_address_or_number_is_refused_saying_why(spelling: str, channel: str, says: str) -> None:
+    with pytest.raises(BadRecipient, match=re.escape(says)):
+        normalise_recipient(spelling, channel)
+
+
+def test_every_recipient_field_counts_each_recipient_once() -> None:
+    arguments = {"to": ["Ada@Example.com", "bob@example.com"], "cc": ["ADA@example.com"], "bcc": "Carol <c@x.org>"}
+    assert recipients_of("email", arguments) == ("ada@example.com", "bob@example.com", "c@x.org")
+
+
+def test_an_opt_out_of_a_mailbox_covers_its_sub_addresses() -> None:
+    assert recipient_keys("ada+news@example.com") == ["ada+news@example.com", "ada@example.com"]
+    assert recipient_keys("ada@example.com") == ["ada@example.com"]
+    assert recipient_keys("+14155550190") == ["+14155550190"]
+
+
+# --- through the proxy ------------------------------------------------------------------------------
+
+
+async def test_an_opt_out_stops_a_send_that_names_the_recipient_in_cc_or_bcc(tmp_path: Path) -> None:
+    async with open_harness(tmp_path) as harness:
+        await harness.call("record_opt_out", {"recipient": "élodie@example.com", "channel": "email", "reason": "STOP"})
+        spellings = {"cc": "Élodie <ÉLODIE@example.com>", "bcc": unicodedata.normalize("NFD", "élodie@Example.com")}
+        for field, spelling in spellings.items():
+            email = {
+                "to": ["a@example.com"],
+                field: [spelling],
+                "subject": f"Hello via {field}",
+                "body_text": "Hi",
+                "recipient_consent": True,
+            }
+            refused = await harness.call("send_email", email)
+            assert refused.is_error
+            assert "opted out of email" in text(refused)
+        planned = await harness.call(
+            "plan_batch",
+            {
+                "sends": [
+                    {
+                        "tool": "send_email",
+                        "arguments": {
+                            "to": ["b@example.com"],
+                            "cc": ["Elodie <élodie@example.com>"],
+                            "subject": "Batch",
+                            "body_text": "Hi",
+                            "recipient_consent": True,
+                        },
+                    }
+                ]
+            },
+        )
+        assert data(planned)["counts"] == {"cancelled": 1}
+        assert harness.sandbox.outbox == []
+
+
+async def test_an_opt_out_of_a_formatted_number_stops_an_sms_to_its_e164_form(tmp_path: Path) -> None:
+    async with open_harness(tmp_path) as harness:
+        added = data(await harness.call("record_opt_out", {"recipient": "+1 (415) 555-0190", "reason": "STOP"}))
+        assert added["recipient"] == "+14155550190"
+        sms = {"to": "+14155550190", "body": "Hi", "recipient_consent": True}
+        refused = await harness.call("send_sms", sms)
+        assert refused.is_error
+        assert "opted out" in text(refused)
+        assert harness.sandbox.outbox == []
+
+
+@pytest.mark.parametrize("recipient", ["   ", "e\u200blodie@example.com", "0415 555 0190"])
+async def test_an_opt_out_that_names_nobody_is_refused_and_records_nothing(tmp_path: Path, recipient: str) -> None:
+    async with open_harness(tmp_path) as harness:
+        refused = await harness.call("record_opt_out", {"recipient": recipient, "reason": "STOP"})
+        assert refused.is_error
+        assert await harness.ledger.list_suppressions() == []
+
+
+async def test_a_send_to_an_unreadable_address_is_refused_before_anything_is_recorded(tmp_path: Path) -> None:
+    async with open_harness(tmp_path) as harness:
+        email = {"to": ["e\u200blodie@example.com"], "subject": "S", "body_text": "B", "recipient_consent": True}
+        refused = await harness.call("send_email", email)
+        assert refused.is_error
+        assert "to: " in text(refused)
+        assert "invisible character" in text(refused)
+        assert await harness.ledger.list_operations() == []
+        assert harness.sandbox.calls("send_email") == 0
+
+
+# --- the property, on both ledgers ----------------------------------------------------------------
+
+_SAFE_LETTERS = "abcdefghijklmnopqrstuvwxyzéèüößçñåø"
+"""Letters whose case folding reaches the same text from either case (no dotless i and the like)."""
+_locals = st.text(alphabet=_SAFE_LETTERS + "0123456789._-", min_size=1, max_size=12).filter(
+    lambda local: local[0] not in "._-" and local[-1] not in "._-"
+)
+_labels = st.text(alphabet=_SAFE_LETTERS + "0123456789", min_size=2, max_size=10)
+
+
+@st.composite
+def _mailbox_spellings(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """One mailbox, and spellings of it an agent may write (display names, case, Unicode forms, punycode)."""
+    local, label = draw(_locals), draw(_labels)
+
+    def cased(text: str) -> str:
+        return "".join(ch.upper() if draw(st.booleans()) else ch for ch in text)
+
+    spellings = []
+    for _ in range(draw(st.integers(min_value=2, max_value=5))):
+        domain = cased(label)
+        if not domain.isascii() and draw(st.booleans()):
+            domain = "xn--" + unicodedata.normalize("NFC", domain).encode("punycode").decode("ascii")
+        form = unicodedata.normalize(draw(st.sampled_from(["NFC", "NFD"])), f"{cased(local)}@{domain}.example")
+        wrapped = draw(st.sampled_from(["{}", " {} ", "Lead <{}>", '"Lead, Q" <{}>', "mailto:{}", "{}."]))
+        spellings.append(wrapped.format(form))
+    return f"{local}@{label}.example", spellings
+
+
+def _send(tool: str, arguments: dict[str, Any]) -> Intent:
+    guard = Guard(ledger=None, upstream=None, settings=GuardSettings())  # type: ignore[arg-type]  (prepare needs neither)
+    return guard.prepare(tool, arguments, input_schema(tool) or {})[0]
+
+
+async def _opted_out_everywhere(ledger: Ledger, opt_out: str, spellings: list[str]) -> None:
+    """Opt out with one spelling (as `record_opt_out` does), then every other spelling, in any field, is refused."""
+    await ledger.add_suppression(
+        Suppression(recipient=normalise_recipient(opt_out, "email"), channel="email", reason="STOP", source="test"),
+        actor="test",
+    )
+    for n, spelling in enumerate(spellings):
+        field = ("to", "cc", "bcc")[n % 3]
+        arguments = {
+            "to": [spelling] if field == "to" else ["someone.else@example.org"],
+            "subject": f"S{n}",
+            "body_text": "B",
+            "recipient_consent": True,
+            **({field: [spelling]} if field != "to" else {}),
+        }
+        with pytest.raises(Suppressed):
+            await ledger.begin_send(_send("send_email", arguments), owner="t", lease_seconds=60)
+
+
+_PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@_PROPERTY
+@given(_mailbox_spellings())
+def test_an_opt_out_of_any_spelling_stops_every_spelling_on_sqlite(
+    tmp_path_factory: pytest.TempPathFactory, mailbox: tuple[str, list[str]]
+) -> None:
+    _, spellings = mailbox
+
+    async def check() -> None:
+        path = tmp_path_factory.mktemp("ledger") / "ledger.db"
+        async with open_ledger(f"sqlite:///{path}") as ledger:
+            await _opted_out_everywhere(ledger, spellings[0], spellings[1:])
+
+    anyio.run(check)
+
+
+@_PROPERTY
+@given(_mailbox_spellings())
+def test_an_opt_out_of_any_spelling_stops_every_spelling_on_postgresql(
+    postgres_server: PostgresServer, mailbox: tuple[str, list[str]]
+) -> None:
+    _, spellings = mailbox
+
+    async def check() -> None:
+        async with postgres_server.database() as url, open_ledger(url) as ledger:
+            await _opted_out_everywhere(ledger, spellings[0], spellings[1:])
+
+    anyio.run(check)
+
+
+_NUMBER_SPELLINGS = ["+1 (415) 555-{}", "+1-415-555-{}", "+1.415.555.{}", "tel:+1415555{}", " +1 415 555 {} "]
+
+
+@pytest.mark.parametrize("spelling", _NUMBER_SPELLINGS)
+async def test_an_opt_out_of_any_number_spelling_stops_sms_and_calls(ledger: Ledger, spelling: str) -> None:
+    number = spelling.format("0190")
+    await ledger.add_suppression(
+        Suppression(recipient=normalise_recipient(number, "all"), channel="all", reason="STOP", source="t"), actor="t"
+    )
+    sms = _send("send_sms", {"to": "+14155550190", "body": "Hi", "recipient_consent": True})
+    call = _send("place_call", {"to": "+14155550190", "system_prompt": "Be brief.", "recipient_consent": True})
+    for intent in (sms, call):
+        with pytest.raises(Suppressed):
+            await ledger.begin_send(intent, owner="t", lease_seconds=60)
