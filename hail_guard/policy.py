@@ -413,7 +413,7 @@ def repeat_of(intent: Intent, matches: Sequence[Operation], position: int | None
     where = f"send {position}: " if position is not None else ""
     if intent.allow_duplicate:
         raise ProbableDuplicate(
-            f"{where}allow_duplicate cannot send this message again yet: {_has_it(matches[0], intent)}. "
+            f"{where}a second copy cannot be sent yet: {_has_it(matches[0], intent)}. "
             f"Nothing was sent. {sentence(next_step(matches[0]))}.",
             operation_id=matches[0].id,
         )
@@ -483,7 +483,7 @@ def state_phrase(operation: Operation) -> str:
         State.NEEDS_REVIEW: "waiting for a human decision (it may have been sent)",
         State.READY: "waiting to be sent",
         State.PLANNED: "planned, waiting for approval",
-        State.FAILED: "failed (Hail refused it; nothing was sent)",
+        State.FAILED: "failed (refused by Hail)",
         State.CANCELLED: "cancelled before it was sent",
     }[operation.state]
 

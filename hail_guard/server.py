@@ -9,6 +9,7 @@ it). This is the only module that turns our errors into MCP results.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -609,12 +610,14 @@ def _headline(operation: Operation) -> str:
     }[operation.state]
 
 
+_SAID_ALREADY = re.compile(r"(?:^|[;,.]\s*)(?:not sent:|nothing was sent)[.;]?\s*", re.IGNORECASE)
+"""What a headline says already, when someone else's sentence says it again."""
+
+
 def _clause(text: str | None) -> str:
     """Someone else's sentence inside ours: no trailing full stop, no "not sent" said twice."""
-    clause = (text or "no reason was given").strip().rstrip(".").strip()
-    for repeated in ("not sent: ", "nothing was sent; ", "; nothing was sent", ". nothing was sent"):
-        clause = clause.replace(repeated, " ").replace(repeated.capitalize(), " ")
-    return " ".join(clause.split())
+    clause = _SAID_ALREADY.sub(lambda said: ". " if said.start() else "", (text or "no reason was given").strip())
+    return " ".join(clause.split()).rstrip(".;, ") or "no reason was given"
 
 
 def _data(data: Mapping[str, Any]) -> types.CallToolResult:

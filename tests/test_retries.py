@@ -134,7 +134,7 @@ async def test_3_allow_duplicate_is_refused_while_the_first_is_unknown_and_never
             assert "new key" not in answer
         forced = await agent.call_tool("send_email", message(idempotency_key="my-new-key", allow_duplicate=True))
         assert forced.is_error
-        assert "allow_duplicate cannot send this message again yet" in text(forced)
+        assert "a second copy cannot be sent yet" in text(forced)
         assert "call `reconcile`" in text(forced)
         assert delivered(harness.sandbox) == {ADA: 1}
 
