@@ -274,7 +274,7 @@ class Guard:
         )
         log.info("reconcile_step", operation_id=operation.id, key=operation.idempotency_key, step=plan.step)
         if plan.step is policy.ReconcileStep.REVIEW:
-            outcome = Outcome(state=State.NEEDS_REVIEW, reason=plan.reason, review_reason=plan.reason)
+            outcome = await self._search(operation, plan.reason)
         elif plan.step is policy.ReconcileStep.LOOKUP:
             outcome = await self._look_up(operation)
         else:
@@ -317,6 +317,15 @@ class Guard:
             return Outcome(state=State.ACCEPTED, reason=f"{tool} found the message", result=payload)
         reason = f"{tool} did not find {operation.provider_id}: {_text_of(result)[:200]}"
         return Outcome(state=State.NEEDS_REVIEW, reason=reason, review_reason=reason)
+
+    async def _search(self, operation: Operation, why_not_replay: str) -> Outcome:
+        """Where a replay could send again, look in Hail's messages: one that carries this key settles it;
+        one that only looks like it (same recipient and subject) is shown to the human who decides."""
+        try:
+            seen = await self.look_for(operation)
+        except UpstreamError as exc:
+            return policy.lookup_failed(str(exc))
+        return policy.outcome_of_search(operation, seen.record, seen.searched, why_not_replay)
 
     async def look_for(self, operation: Operation) -> Sighting:
         """Look in Hail for the message of `operation`: by its id when known, else among the messages to its

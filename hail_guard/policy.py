@@ -230,7 +230,7 @@ class ReconcileStep(StrEnum):
     LOOKUP = "lookup"
     """The provider id is known: read the message back."""
     REVIEW = "review"
-    """A replay could send again: a human decides."""
+    """A replay could send again: a human decides (after a search of Hail's messages found nothing)."""
     REPLAY = "replay"
     """Replay the stored request under the same key."""
 
@@ -519,6 +519,23 @@ SIGHTING_MARGIN_SECONDS = 300.0
 """A message Hail lists this long before an operation was recorded may still be it (clocks differ)."""
 _SIGHTING_FIELDS = {"email": ("subject",), "sms": ("body",), "call": ("first_message", "system_prompt")}
 """What a listed record must say alike, per channel, to be an operation's message (where both say it)."""
+
+
+def outcome_of_search(
+    operation: Operation, record: Mapping[str, Any] | None, searched: str, why_not_replay: str
+) -> Outcome:
+    """Reconcile without a replay: only a record under the operation's own key proves it was accepted."""
+    if record is not None and record.get("idempotency_key") == operation.idempotency_key:
+        found = record.get("id")
+        return Outcome(
+            state=State.ACCEPTED,
+            reason=f"{searched} found it under its key",
+            result=dict(record),
+            provider_id=found if isinstance(found, str) else None,
+        )
+    if record is not None:
+        why_not_replay += f"; {searched} shows a message that looks like it ({record.get('id')}): check it"
+    return Outcome(state=State.NEEDS_REVIEW, reason=why_not_replay, review_reason=why_not_replay)
 
 
 def first_recipient_as_sent(operation: Operation) -> str | None:
