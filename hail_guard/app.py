@@ -41,10 +41,12 @@ def upstream_target(settings: Settings) -> UpstreamTarget:
         )
         return UpstreamTarget(kind="inprocess", server=Sandbox(outbox_path=upstream.sandbox_outbox).server())
     if kind == "stdio":
-        return UpstreamTarget(kind="stdio", command=tuple(upstream.command or ()), token=upstream.token())
+        return UpstreamTarget(
+            kind="stdio", command=tuple(upstream.command or ()), token=upstream.token(), token_env=upstream.token_env
+        )
     token = upstream.token()
     signed_in = sign_in(settings) if kind == "http" and token is None else None
-    return UpstreamTarget(kind=kind, url=upstream.url, token=token, credentials=signed_in)
+    return UpstreamTarget(kind=kind, url=upstream.url, token=token, credentials=signed_in, token_env=upstream.token_env)
 
 
 def sign_in(settings: Settings) -> SignIn:

@@ -90,6 +90,8 @@ class UpstreamTarget:
     token: str | None = field(default=None, repr=False)
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     credentials: Credentials | None = field(default=None, compare=False, repr=False)
+    token_env: str = "HAIL_API_KEY"  # noqa: S105  (the name of a variable, not a secret)
+    """The variable `token` came from: what a refusal of the credentials tells an operator to fix."""
 
     def __post_init__(self) -> None:
         needs = {"http": "url", "sse": "url", "stdio": "command", "inprocess": "server"}[self.kind]
@@ -109,10 +111,18 @@ class UpstreamTarget:
         return f"UpstreamTarget(kind={self.kind!r}, at={self.display!r})"
 
 
-def map_error(exc: BaseException, *, target: str, timeout_seconds: float) -> UpstreamUnavailable | UpstreamLost:
+def map_error(
+    exc: BaseException,
+    *,
+    target: str,
+    timeout_seconds: float,
+    token_env: str = "HAIL_API_KEY",  # noqa: S107
+) -> UpstreamUnavailable | UpstreamLost:
     """Translate a foreign failure: `UpstreamUnavailable` only when nothing can have been sent."""
     if isinstance(exc, BaseExceptionGroup):
-        mapped = [map_error(e, target=target, timeout_seconds=timeout_seconds) for e in exc.exceptions]
+        mapped = [
+            map_error(e, target=target, timeout_seconds=timeout_seconds, token_env=token_env) for e in exc.exceptions
+        ]
         return next((e for e in mapped if isinstance(e, UpstreamLost)), mapped[0])
     refusal, why = _refusal(exc), _describe(exc)
     if isinstance(exc, MCPError) and exc.code == types.REQUEST_TIMEOUT:
@@ -120,8 +130,8 @@ def map_error(exc: BaseException, *, target: str, timeout_seconds: float) -> Ups
     if refusal == "signin":
         return SignInRequired(why)
     if refusal == "auth":
-        return UpstreamUnavailable(f"Hail at {target} refused the credentials ({why}); nothing was sent. "
-                                   "Check the token hail-guard is given.")  # fmt: skip
+        return UpstreamUnavailable(f"Hail at {target} refused hail-guard's token ({why}), so nothing was sent: an "
+                                   f"operator must set {token_env} to a valid Hail token")  # fmt: skip
     if refusal == "connect" or isinstance(exc, _UNAVAILABLE):
         return UpstreamUnavailable(f"could not connect to Hail at {target} ({why}); nothing was sent")
     if refusal == "session":
@@ -282,7 +292,9 @@ class Upstream:
             if answered is not None and isinstance(exc, MCPError) and exc.code not in _SDK_CODES:
                 log.info("upstream_error_answer", target=self.target.display, code=exc.code)
                 return answered(exc)
-            error = map_error(exc, target=self.target.display, timeout_seconds=timeout_seconds)
+            error = map_error(
+                exc, target=self.target.display, timeout_seconds=timeout_seconds, token_env=self.target.token_env
+            )
             log.warning("upstream_request_failed", target=self.target.display, method=request.method,
                         outcome=type(error).__name__, error=_describe(exc))  # fmt: skip
             if _breaks_connection(exc):

@@ -11,12 +11,14 @@ import re
 from datetime import UTC, datetime
 
 import pytest
+from mcp import MCPError
 
 from hail_guard import keys, policy
 from hail_guard.errors import HailGuardError
 from hail_guard.guard import SendReport
 from hail_guard.models import Intent, Operation, State
 from hail_guard.server import _send_result
+from hail_guard.upstream import map_error
 from tests.conftest import text
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
@@ -42,8 +44,9 @@ def operation(state: State, **changes: object) -> Operation:
         "review_reason": "Hail could not read its own answer; the message may have been sent"
         if state is State.NEEDS_REVIEW
         else None,
-        "last_error": "Hail at http://hail.example/ refused the credentials (HTTP 401); nothing was sent. Check the "
-        "token hail-guard is given."
+        "last_error": str(
+            map_error(MCPError(-32090, "HTTP 401", {"hail_guard_not_sent": "auth"}), target="x", timeout_seconds=1)
+        )
         if state is State.READY
         else None,
         "cancel_reason": "the recipient opted out: STOP (source: sms reply)" if state is State.CANCELLED else None,
@@ -185,3 +188,10 @@ def test_no_answer_about_a_send_that_may_have_gone_invites_another(name: str) ->
         return
     for invitation in INVITATIONS:
         assert invitation not in answer.lower().replace("do not send it again", ""), (invitation, answer)
+
+
+def test_a_refused_token_is_one_clean_sentence_naming_the_variable() -> None:
+    answer, _ = ANSWERS["a send that is ready"]
+    assert answer.startswith("NOT SENT YET: Hail at x refused hail-guard's token")
+    assert "an operator must set HAIL_API_KEY to a valid Hail token." in answer
+    assert answer.lower().count("nothing was sent") == 1

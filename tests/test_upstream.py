@@ -316,7 +316,10 @@ async def test_http_401_is_unavailable_and_keeps_the_connection() -> None:
     with anyio.fail_after(10):
         async with running(http_app(seen, refuse=lambda: refusing[0]), sock), connect_upstream(target) as upstream:
             refusing[0] = True
-            with pytest.raises(UpstreamUnavailable, match=r"refused the credentials \(HTTP 401\)"):
+            with pytest.raises(
+                UpstreamUnavailable,
+                match=r"refused hail-guard's token \(HTTP 401\), so nothing was sent: an operator must set HAIL_API",
+            ):
                 await upstream.call_tool("echo", {})
             assert upstream.connected
             refusing[0] = False
