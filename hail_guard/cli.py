@@ -44,6 +44,7 @@ try:
     from hail_guard.models import SUPPRESSION_CHANNELS, BatchStatus, Operation, State, Suppression
     from hail_guard.recipients import normalise_recipient
     from hail_guard.server import batch_view, delivery_view, next_step, operation_view
+    from hail_guard.urls import display_url
 finally:
     if _collecting:
         gc.freeze()
@@ -364,6 +365,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
         pins = await ledger.tool_pins()
     by_state = {state.value: count for state, count in sorted(counts.items())}
     report: dict[str, Any] = {
+        "ledger": display_url(settings.ledger.url),
         "operations": by_state,
         "oldest_unknown": operation_view(oldest_unknown) if oldest_unknown else None,
         "review_queue": counts.get(State.NEEDS_REVIEW, 0),
@@ -381,6 +383,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps(report, indent=2))
         return 0
     console = Console()
+    console.print(f"[bold]ledger[/bold]: {escape(report['ledger'])}", highlight=False)
     console.print("[bold]operations[/bold]: " + (", ".join(f"{k} {v}" for k, v in by_state.items()) or "none"))
     console.print(f"[bold]review queue[/bold]: {report['review_queue']}")
     if oldest_unknown is not None:

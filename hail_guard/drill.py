@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
-from urllib.parse import urlsplit
 
 import anyio
 import structlog
@@ -48,6 +47,7 @@ from hail_guard.models import State, ToolPin
 from hail_guard.sandbox import KEY_RETENTION_SECONDS, ManualClock, Sandbox, parse_fault
 from hail_guard.server import Proxy, build_server
 from hail_guard.upstream import Upstream, UpstreamTarget, connect_upstream
+from hail_guard.urls import display_url
 
 if TYPE_CHECKING:
     from hail_guard.config import Settings
@@ -731,12 +731,8 @@ def _ground_truth(run: _Run) -> str | None:
 
 
 def _display_url(url: str) -> str:
-    """A ledger URL safe to print: no password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return parts._replace(netloc=netloc).geturl()
+    """A ledger URL safe to print: scheme, host, port and database only (`urls.display_url`)."""
+    return display_url(url)
 
 
 # The command's edge.

@@ -24,6 +24,7 @@ from hail_guard.batch import Batches, Progress, sends_from_tool
 from hail_guard.errors import (
     HailGuardError,
     KeyConflict,
+    LedgerUnavailable,
     NotFound,
     OutcomeNotRecorded,
     RefusedByPolicy,
@@ -373,7 +374,10 @@ class Proxy:
         except OutcomeNotRecorded as exc:
             log.error("call_failed", tool=name, error=str(exc))
             details = {"operation_id": exc.operation_id, "hail_answer": exc.state, "provider_id": exc.provider_id}
-            return _error(str(exc), details)
+            return _error(_without_ledger_details(exc), details)
+        except LedgerUnavailable as exc:
+            log.error("call_failed", tool=name, error=str(exc))  # the operator's detail; the agent's is generic
+            return _error(LEDGER_UNAVAILABLE)
         except HailGuardError as exc:
             log.error("call_failed", tool=name, error=str(exc))
             return _error(f"hail-guard could not do this: {exc}")
@@ -618,6 +622,19 @@ def _clause(text: str | None) -> str:
     """Someone else's sentence inside ours: no trailing full stop, no "not sent" said twice."""
     clause = _SAID_ALREADY.sub(lambda said: ". " if said.start() else "", (text or "no reason was given").strip())
     return " ".join(clause.split()).rstrip(".;, ") or "no reason was given"
+
+
+LEDGER_UNAVAILABLE = (
+    "the ledger is unavailable, so hail-guard stopped: nothing is sent that is not recorded first. Retrying later "
+    "is safe (the same call is never sent twice); an operator sees the details in hail-guard's log"
+)
+"""What an agent is told when the ledger fails: never its host, user or path (the log has them)."""
+
+
+def _without_ledger_details(exc: OutcomeNotRecorded) -> str:
+    """The guard's message, with the ledger's own failure (host, user, path) left to the log."""
+    cause = str(exc.__cause__) if exc.__cause__ is not None else ""
+    return str(exc).replace(cause, "the ledger is unavailable") if cause else str(exc)
 
 
 def _data(data: Mapping[str, Any]) -> types.CallToolResult:

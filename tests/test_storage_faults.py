@@ -34,6 +34,7 @@ from hail_guard.app import open_proxy
 from hail_guard.config import LedgerSettings, Settings, UpstreamSettings
 from hail_guard.errors import LedgerUnavailable
 from hail_guard.models import State
+from hail_guard.server import LEDGER_UNAVAILABLE
 from tests.conftest import email, text
 from tests.tcp_faults import Fault, no_faults
 from tests.test_network_faults import KEY, Rig, guard_view, on_first_send, open_rig
@@ -196,12 +197,13 @@ async def test_when_the_intent_cannot_be_recorded_nothing_is_forwarded_and_the_a
     tmp_path: Path, storage: StorageFault
 ) -> None:
     async with open_storage_rig(tmp_path, storage) as rig:
-        with anyio.fail_after(20):
+        with anyio.fail_after(20), capture_logs() as logs:
             storage.inflict()
             refused = await rig.harness.call("send_email", email())
             storage.mend()
             assert refused.is_error
-            assert expected_error(storage) in text(refused)
+            assert text(refused) == LEDGER_UNAVAILABLE  # the agent is told it failed, not where the ledger is
+            assert expected_error(storage) in next(e["error"] for e in logs if e["event"] == "call_failed")
             assert rig.wire_sends() == 0
             assert rig.sandbox.outbox == []
             assert await rig.harness.ledger.list_operations() == []  # no half-written intent either
@@ -225,9 +227,11 @@ async def test_on_a_read_only_ledger_hail_guard_refuses_to_start_or_to_send_sayi
         storage.inflict()
         try:
             async with open_proxy(settings) as proxy:
-                refused = await proxy.call("send_email", email())
-                assert refused.is_error
-                assert "is read-only: make the file and its folder writable" in text(refused)
+                with capture_logs() as logs:
+                    refused = await proxy.call("send_email", email())
+                assert text(refused) == LEDGER_UNAVAILABLE
+                [failed] = [entry for entry in logs if entry["event"] == "call_failed"]
+                assert "is read-only: make the file and its folder writable" in failed["error"]
         except LedgerUnavailable as exc:  # refusing to start is as good: nothing can be sent unrecorded
             assert "is read-only: make the file and its folder writable" in str(exc)  # noqa: PT017
         finally:
@@ -317,7 +321,9 @@ async def test_an_answer_that_stays_unrecordable_is_not_lost_and_reconcile_finds
 
         [sent] = rig.sandbox.outbox
         assert first.is_error
-        assert expected_error(storage) in text(first)
+        assert expected_error(storage) not in text(first)  # the ledger's detail is the operator's (the log)
+        assert "the ledger is unavailable" in text(first)
+        assert any(expected_error(storage) in entry["error"] for entry in logs if entry["event"] == "call_failed")
         loud = [entry for entry in logs if entry["event"] == "outcome_not_recorded"]
         assert len(loud) > 1  # retried, not dropped at the first failure
         assert {(entry["log_level"], entry["provider_id"], entry["outcome"]) for entry in loud} == {

@@ -21,14 +21,13 @@ It behaves exactly like the SQLite ledger (the contract tests run on both); what
 - Migrations are versioned (`hail_guard_schema_version`) and applied under an advisory lock.
 
 Every asyncpg and socket error is mapped to our tree in `_mapped`, and only there; messages name
-the server with the password masked."""
+the server by its scheme, host, port and database only (`urls.parse_url`), never by the raw URL."""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
 import json
-import re
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -36,7 +35,6 @@ from contextlib import asynccontextmanager, contextmanager, suppress
 from datetime import datetime
 from importlib import resources
 from typing import Any
-from urllib.parse import unquote
 
 import anyio
 import asyncpg
@@ -44,6 +42,7 @@ import structlog
 
 from hail_guard import delivery, policy, recipients
 from hail_guard.errors import (
+    ConfigError,
     HailGuardError,
     LeaseLost,
     LedgerError,
@@ -69,6 +68,7 @@ from hail_guard.models import (
     Webhook,
     WebhookOutcome,
 )
+from hail_guard.urls import parse_url
 
 log = structlog.get_logger(__name__)
 
@@ -1086,19 +1086,21 @@ def _check_version(current: int, latest: int, where: str) -> int:
     return current
 
 
-_PASSWORD_IN_NETLOC = re.compile(r"(://[^/?#@:]*:)([^/?#]*)@")
-"""user:PASSWORD@ up to the last @ of the authority (an unescaped @ in a password stays hidden)."""
-_PASSWORD_IN_QUERY = re.compile(r"([?&]password=)([^&#]*)", re.IGNORECASE)
-
-
 def describe(url: str) -> tuple[str, frozenset[str]]:
-    """The URL with its password masked, and the password's spellings to scrub from any message."""
-    found = [m.group(2) for m in (*_PASSWORD_IN_NETLOC.finditer(url), *_PASSWORD_IN_QUERY.finditer(url))]
-    secrets = frozenset(s for raw in found if raw for s in (raw, unquote(raw)))
-    where = _PASSWORD_IN_QUERY.sub(r"\1***", _PASSWORD_IN_NETLOC.sub(r"\1***@", url))
-    return where, secrets
+    """Where the ledger is, as messages may show it (`urls.parse_url`: scheme, host, port, database), and
+    the password's spellings to scrub from any message; a URL drivers would misread is refused first."""
+    parts = parse_url(url)
+    if parts.ambiguous:
+        raise ConfigError(
+            f"the ledger URL for {parts.display} has a /, ?, # or @ in its user name or password: write them "
+            "percent-encoded (%2F, %3F, %23, %40), or pass the password with ?password= (encoded the same way)"
+        )
+    if any(not 0 < port <= _MAX_PORT for port in parts.ports):
+        raise ConfigError(f"the ledger URL {parts.display} names a port outside 1-{_MAX_PORT}: fix the port")
+    return parts.display, parts.secrets
 
 
+_MAX_PORT = 65535
 _EXPLANATIONS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], str], ...] = (
     (
         OSError,
@@ -1119,7 +1121,7 @@ _EXPLANATIONS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], str], 
         "the PostgreSQL ledger at {where} is not accepting connections now: {detail}; retry",
     ),
     (
-        (asyncpg.ClientConfigurationError, ValueError),  # a malformed URL; a value asyncpg cannot send
+        (asyncpg.ClientConfigurationError, ValueError, OverflowError),  # a malformed URL; a value asyncpg cannot send
         "the PostgreSQL ledger at {where} cannot be used: {detail}",
     ),
     (
@@ -1172,6 +1174,7 @@ def _mapped(where: str, secrets: frozenset[str] = frozenset()) -> Iterator[None]
         asyncpg.exceptions.InternalClientError,
         OSError,
         ValueError,
+        OverflowError,
     ) as exc:
         message = _explain(exc, where)
         for secret in secrets:
