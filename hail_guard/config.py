@@ -12,6 +12,7 @@ Hail's webhook signing secret likewise lives only in the variable `[webhooks] se
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shlex
 from collections.abc import Mapping
@@ -24,7 +25,7 @@ from hail_guard import keys
 from hail_guard.errors import ConfigError
 
 ENV_PREFIX = "HAIL_GUARD_"
-_LIST_KEYS = frozenset({"guarded_tools", "allowed_hosts", "allowed_origins"})
+_LIST_KEYS = frozenset({"guarded_tools", "allowed_hosts", "allowed_origins", "trusted_proxies"})
 """Settings given in the environment as comma-separated lists."""
 
 
@@ -94,6 +95,10 @@ class GuardSection(_Section):
         return value
 
 
+MIN_TOKEN_CHARACTERS = 32
+"""The shortest agents' token accepted on an address other hosts can reach."""
+
+
 class HttpSettings(_Section):
     """`hail-guard serve` over SSE and Streamable HTTP (see `hail_guard.web`)."""
 
@@ -108,9 +113,37 @@ class HttpSettings(_Section):
     """Browser origins (`scheme://host[:port]`) besides loopback ones; `*`: any."""
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     rate_limit_per_minute: int = Field(default=120, ge=0)
-    """Tool calls per minute per client address (bursts up to this many); 0: no limit."""
+    """Tool calls and session starts (`initialize`) per minute per client address (bursts up to this many)."""
+    trusted_proxies: list[str] = Field(default_factory=list)
+    """Reverse proxies (addresses or networks; `*`: any) whose `X-Forwarded-For` names the client;
+    none: the connection's own address is the client, whatever headers say."""
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+    """A request's headers must arrive within this long of the connection (or of the previous answer)."""
+    body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """A request's body must arrive, whole, within this long of its headers."""
+    max_connections: int = Field(default=100, ge=1)
+    """Connections open at once (open SSE streams included); past it a new one is answered 503 and closed."""
+    max_sessions: int = Field(default=100, ge=1)
+    """Live Streamable HTTP sessions; past it a new `initialize` gets 503 until one ends or expires."""
+    session_idle_seconds: float = Field(default=900.0, gt=0)
+    """A Streamable HTTP session with no request for this long ends (its client starts a new one)."""
     shutdown_grace_seconds: float = Field(default=10.0, ge=0, le=600)
     """On shutdown, how long in-flight requests may run on before they are cancelled."""
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_proxies(cls, value: list[str]) -> list[str]:
+        entries = [entry.strip() for entry in value]
+        if entries == ["*"]:
+            return entries
+        for entry in entries:
+            try:
+                ipaddress.ip_network(entry)
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r} is not an address or a network (e.g. 10.0.0.5, 10.0.0.0/8), and * stands alone"
+                ) from None
+        return entries
 
     def bearer_token(self) -> str | None:
         """The token agents must present; None when neither the variable nor `token` gives one."""
@@ -118,6 +151,25 @@ class HttpSettings(_Section):
         if from_env:
             return from_env
         return self.token.get_secret_value() if self.token is not None and self.token.get_secret_value() else None
+
+    def token_problem(self, *, loopback: bool) -> str | None:
+        """Why the agents' token cannot guard a server on this address (None: it can)."""
+        token, source = self.bearer_token(), f"{self.token_env} (or [http] token)"
+        if token is None:
+            if loopback:
+                return None
+            return (
+                f"refusing to listen on {self.host}: agents on other hosts could send without a token. Set "
+                f"{source}, or listen on 127.0.0.1 and put a proxy in front."
+            )
+        if not all("!" <= char <= "~" for char in token):
+            return f"the token in {source} must be printable ASCII without spaces: an HTTP header cannot carry it"
+        if not loopback and len(token) < MIN_TOKEN_CHARACTERS:
+            return (
+                f"refusing to listen on {self.host} with a {len(token)}-character token: off loopback it must have at "
+                f"least {MIN_TOKEN_CHARACTERS} (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+            )
+        return None
 
 
 class WorkerSettings(_Section):

@@ -1,11 +1,16 @@
-"""The HTTP edge's checks on MCP requests, in order: Host and Origin, bearer token, body size, rate limit.
+"""The HTTP edge's checks, in order: Host and Origin, bearer token, body (size, time, depth), rate limit.
 
     403  a Host header not allowed (loopback names, the bound address, `[http] allowed_hosts`), or a
-         browser Origin not allowed (loopback origins, `[http] allowed_origins`): DNS rebinding
+         browser Origin not allowed (loopback origins, `[http] allowed_origins`): DNS rebinding.
+         Checked on the MCP paths and on `/readyz` and `/metrics` (a rebinding page must not read
+         them); `/healthz` stays open for container probes
     401  a missing or wrong `Authorization: Bearer` token (compared in constant time), with
          `WWW-Authenticate`; no check when no token is configured (loopback only, see `web`)
     413  a body over `[http] max_body_bytes` (declared or streamed)
-    429  `tools/call` messages over `[http] rate_limit_per_minute` per client address, with `Retry-After`
+    408  a body that has not all arrived within `[http] body_timeout_seconds` (a slow client)
+    400  a JSON body nesting deeper than `nesting.MAX_DEPTH`, refused before anything parses it
+    429  `tools/call` and `initialize` messages over `[http] rate_limit_per_minute` per client
+         address (the connection's, or a trusted proxy's `X-Forwarded-For`), with `Retry-After`
 
 Refusals are JSON-RPC error bodies, so an MCP client shows the reason. The token is never logged.
 """
@@ -20,11 +25,13 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import structlog
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hail_guard import nesting
 from hail_guard.config import HttpSettings
 from hail_guard.metrics import Metrics
 
@@ -36,41 +43,56 @@ _MAX_CLIENTS = 10_000
 
 
 class Gate:
-    """ASGI middleware: checks requests to `paths` (prefixes); everything else passes untouched."""
+    """ASGI middleware: checks requests to `paths` (prefixes) and the Host of `probes` (prefixes);
+    everything else passes untouched."""
 
-    def __init__(self, app: ASGIApp, *, paths: tuple[str, ...], settings: HttpSettings, metrics: Metrics) -> None:
-        self.app, self.paths, self.metrics = app, paths, metrics
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        paths: tuple[str, ...],
+        probes: tuple[str, ...] = (),
+        settings: HttpSettings,
+        metrics: Metrics,
+    ) -> None:
+        self.app, self.paths, self.probes, self.metrics = app, paths, probes, metrics
         self.token = settings.bearer_token()
         self.hosts, self.origins = allowed_hosts(settings), tuple(settings.allowed_origins)
-        self.max_body_bytes = settings.max_body_bytes
+        self.max_body_bytes, self.body_timeout_seconds = settings.max_body_bytes, settings.body_timeout_seconds
         self.limiter = RateLimiter(settings.rate_limit_per_minute)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(self.paths):
+        if scope["type"] != "http" or not scope["path"].startswith(self.paths + self.probes):
             await self.app(scope, receive, send)
             return
+        path = scope["path"]
         headers = Headers(scope=scope)
-        refusal = self._check(headers)
-        if refusal is None and scope["method"] == "POST":
-            body = await _read_body(receive, self.max_body_bytes, headers)
-            if body is None:
-                refusal = _refused(413, f"the request body is larger than {self.max_body_bytes} bytes")
-            else:
-                refusal = self._limit(scope, body)
-                receive = _replaying(body, receive)
+        refusal = self._check_origin(headers)
+        if refusal is None and path.startswith(self.paths):
+            refusal = self._check_token(headers)
+            if refusal is None and scope["method"] == "POST":
+                try:
+                    body = await read_body(receive, headers, self.max_body_bytes, self.body_timeout_seconds)
+                    refusal = _depth_refusal(body) or self._limit(scope, body)
+                    receive = _replaying(body, receive)
+                except BodyRefused as exc:
+                    refusal = _refused(exc.status, exc.reason, {"Connection": "close"})
         if refusal is None:
             await self.app(scope, receive, send)
             return
         self.metrics.refused(refusal.status_code)
         client = scope.get("client")
-        log.info("http_refused", status=refusal.status_code, path=scope["path"], client=client[0] if client else None)
+        log.info("http_refused", status=refusal.status_code, path=path, client=client[0] if client else None)
         await refusal(scope, receive, send)
 
-    def _check(self, headers: Headers) -> Response | None:
+    def _check_origin(self, headers: Headers) -> Response | None:
         if not _host_allowed(headers.get("host"), self.hosts):
             return _refused(403, "this Host is not allowed; add it to [http] allowed_hosts")
         if not _origin_allowed(headers.get("origin"), self.origins):
             return _refused(403, "this Origin is not allowed; add it to [http] allowed_origins")
+        return None
+
+    def _check_token(self, headers: Headers) -> Response | None:
         if self.token is None:
             return None
         scheme, _, given = headers.get("authorization", "").partition(" ")
@@ -82,14 +104,20 @@ class Gate:
         return None
 
     def _limit(self, scope: Scope, body: bytes) -> Response | None:
-        calls = _tool_calls(body)
+        calls = _limited_calls(body)
         client = scope.get("client")
         wait = self.limiter.take(client[0] if client else "unknown", calls) if calls else 0.0
         if not wait:
             return None
         seconds = max(1, math.ceil(wait))
-        message = f"rate limit: too many tool calls from this client; retry after {seconds} s"
+        message = f"rate limit: too many tool calls or new sessions from this client; retry after {seconds} s"
         return _refused(429, message, {"Retry-After": str(seconds)}, {"retry_after_seconds": seconds})
+
+
+def _depth_refusal(body: bytes) -> Response | None:
+    if not nesting.too_deep(body):
+        return None
+    return _refused(400, f"the JSON body nests deeper than {nesting.MAX_DEPTH} levels of arrays and objects")
 
 
 def _refused(status: int, message: str, headers: dict[str, str] | None = None, data: Any = None) -> Response:
@@ -123,20 +151,39 @@ class RateLimiter:
         return 0.0
 
 
-def _tool_calls(body: bytes) -> int:
+_LIMITED_METHODS = frozenset({"tools/call", "initialize"})
+"""What the rate limit counts: tool calls, and the start of a session (each one costs a server)."""
+
+
+def _limited_calls(body: bytes) -> int:
     try:
         parsed = json.loads(body)
     except ValueError:
         return 0
     messages = parsed if isinstance(parsed, list) else [parsed]
-    return sum(1 for message in messages if isinstance(message, dict) and message.get("method") == "tools/call")
+    return sum(1 for message in messages if isinstance(message, dict) and message.get("method") in _LIMITED_METHODS)
 
 
-async def _read_body(receive: Receive, limit: int, headers: Headers) -> bytes | None:
-    """The whole body, or None when it is (or says it is) over `limit` bytes."""
+class BodyRefused(Exception):
+    """A request body not taken: over the size cap (413) or too slow (408)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+async def read_body(receive: Receive, headers: Headers, limit: int, timeout_seconds: float) -> bytes:
+    """The whole body, or `BodyRefused`: 413 when it is (or says it is) over `limit` bytes, 408 when
+    it has not all arrived within `timeout_seconds`."""
     declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        return None
+        raise BodyRefused(413, f"the request body is larger than {limit} bytes")
+    with anyio.move_on_after(timeout_seconds):
+        return await _whole_body(receive, limit)
+    raise BodyRefused(408, f"the request body did not arrive within {timeout_seconds:g} s; send it at once")
+
+
+async def _whole_body(receive: Receive, limit: int) -> bytes:
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -145,7 +192,7 @@ async def _read_body(receive: Receive, limit: int, headers: Headers) -> bytes | 
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            return None
+            raise BodyRefused(413, f"the request body is larger than {limit} bytes")
         chunks.append(chunk)
         if not message.get("more_body", False):
             break

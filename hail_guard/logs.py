@@ -1,7 +1,9 @@
 """Logging: structlog to stderr (stdout belongs to the MCP protocol on stdio).
 
 JSON lines by default, console rendering when stderr is a terminal. A redaction processor
-masks tokens, keys and authorization values wherever they appear in an event.
+masks tokens, keys and authorization values wherever they appear in an event. Records of the
+standard `logging` module (uvicorn, asyncio, the MCP SDK) go through the same rendering and
+redaction, so nothing reaches stderr as plain text.
 """
 
 from __future__ import annotations
@@ -65,8 +67,38 @@ def _stderr_logger(*_args: Any) -> structlog.PrintLogger:
     return structlog.PrintLogger(file=_CurrentStderr())  # type: ignore[arg-type]
 
 
+class _LibraryRecords(logging.StreamHandler):  # type: ignore[type-arg]  # of _CurrentStderr
+    """Records of the standard `logging` (uvicorn, asyncio, the MCP SDK), rendered like ours."""
+
+
+def _route_library_logging(level: str, renderer: Any) -> None:
+    """Libraries' records become the same lines as ours, redacted; else Python prints them as plain
+    text on stderr (tracebacks included). Below `warning` they are dropped: they are chatter."""
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.stdlib.add_logger_name,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            redact_secrets,
+            renderer,
+        ],
+    )
+    handler = _LibraryRecords(_CurrentStderr())
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in [existing for existing in root.handlers if isinstance(existing, _LibraryRecords)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(max(logging.WARNING, logging.getLevelNamesMapping()[level.upper()]))
+
+
 def configure_logging(level: str = "info") -> None:
     renderer: Any = structlog.dev.ConsoleRenderer() if sys.stderr.isatty() else structlog.processors.JSONRenderer()
+    _route_library_logging(level, renderer)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -17,7 +17,7 @@ from typing import Any
 
 import jsonschema
 
-from hail_guard import keys
+from hail_guard import keys, nesting
 from hail_guard.errors import KeyConflict, ProbableDuplicate, RefusedByPolicy, Suppressed
 from hail_guard.models import UNRESOLVED_STATES, Answer, AnswerKind, Intent, Operation, Outcome, State, Suppression
 
@@ -262,6 +262,7 @@ def plan_reconcile(
 
 def validate_arguments(tool: str, arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> None:
     """Check arguments against the tool's own input schema, naming the first bad field."""
+    nesting.check_arguments(tool, arguments)  # first: the schema check recurses once per level
     try:
         validator = jsonschema.Draft202012Validator(dict(schema))
         error = jsonschema.exceptions.best_match(validator.iter_errors(dict(arguments)))

@@ -6,7 +6,8 @@
 
 `receive` turns one request into a `Webhook`, or refuses it (`WebhookRefused`, nothing recorded):
 401 for a missing, malformed or wrong signature, and for a timestamp further than the tolerance
-from now; 400 for a missing delivery id or a body that is not a JSON object with a `type`. Several
+from now; 400 for a missing delivery id, a body that is not a JSON object with a `type`, or one
+nested deeper than `nesting.MAX_DEPTH` (checked before it is parsed). Several
 `v1=` values are allowed (a secret being rotated): any one may match. The ledger then refuses a
 signature it accepted before (a replayed request: 401) and counts each delivery id once, so a
 retry is answered 200 and changes nothing (`Ledger.record_webhook`).
@@ -32,7 +33,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
 
-from hail_guard import delivery
+from hail_guard import delivery, nesting
 from hail_guard.errors import WebhookRefused
 from hail_guard.models import DeliveryObservation, Suppression, Webhook
 
@@ -73,6 +74,8 @@ def verify(secret: str, body: bytes, header: str | None, *, now: float, toleranc
 
 def parse(body: bytes, *, delivery_id: str, signature: str) -> Webhook:
     """What a verified body means (see the module docstring); 400 for one that cannot be read."""
+    if nesting.too_deep(body):
+        raise WebhookRefused(f"the body nests deeper than {nesting.MAX_DEPTH} levels of arrays and objects", status=400)
     try:
         payload = json.loads(body)
     except ValueError:

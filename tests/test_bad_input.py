@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx2
 import pytest
+import structlog
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 from hypothesis import HealthCheck, given, settings
@@ -28,7 +30,8 @@ from mcp import types
 from hail_guard.models import State
 from hail_guard.server import Proxy
 from tests.conftest import Harness, email, open_harness, text
-from tests.test_web import INITIALIZE, MCP_HEADERS, TOKEN, running
+from tests.test_web import INITIALIZE, MCP_HEADERS, TOKEN, TOOL_CALL, http_settings, running
+from tests.test_webhooks import SECRET, SECRET_ENV, receiving
 
 CRASH_TEXT = "failed unexpectedly"
 GUARDED = ("send_email", "send_sms", "place_call")
@@ -383,3 +386,138 @@ async def test_malformed_messages_over_http_get_a_json_rpc_error_and_the_server_
             )
             assert listed.status_code == 200, case
             assert '"tools":' in listed.text, case
+
+
+# --- deep JSON, spoofed proxy headers, slow clients --------------------------------------------
+
+
+def nested_text(depth: int) -> str:
+    """JSON text nesting objects `depth` deep (json.dumps itself cannot write that deep)."""
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+SEND_HEAD = '{"jsonrpc": "2.0", "id": 30, "method": "tools/call", "params": {"name": "send_email", "arguments": '
+DEEP_BODIES = {
+    "20,000 [ (40 kB)": b"[" * 20_000,
+    "a tool call whose metadata nests 1,000 deep": (
+        SEND_HEAD + json.dumps(email())[:-1] + ', "metadata": ' + nested_text(1_000) + "}}}"
+    ).encode(),
+}
+
+
+@pytest.mark.parametrize("path", ["mcp", "messages/?session_id=00"])
+@pytest.mark.parametrize("case", list(DEEP_BODIES))
+async def test_deeply_nested_json_over_http_gets_400_before_it_is_parsed(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], path: str, case: str
+) -> None:
+    async with running(tmp_path) as web, httpx2.AsyncClient(timeout=15) as http:
+        headers = {**MCP_HEADERS, "Authorization": f"Bearer {TOKEN}"}
+        answer = await http.post(f"{web.url}{path}", content=DEEP_BODIES[case], headers=headers)
+        assert (await http.get(f"{web.url}healthz")).status_code == 200
+        assert await operation_count(web.harness) == 0
+    assert answer.status_code == 400
+    assert "nests deeper than 64 levels" in answer.json()["error"]["message"]
+    assert web.harness.sandbox.outbox == []
+    assert "Traceback" not in capfd.readouterr().err
+
+
+async def test_a_signed_webhook_nested_5000_deep_gets_400_and_records_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    async with receiving(tmp_path) as receiver:
+        deep = ('{"type": "email.bounced", "data": ' + nested_text(5_000) + "}").encode()
+        answer = await receiver.post("", {}, delivery_id="deep-1", body=deep)
+        again = await receiver.post("", {}, delivery_id="deep-1", body=b'{"type": "email.bounced", "data": {}}')
+    assert answer.status_code == 400
+    assert "nests deeper than 64 levels" in answer.json()["message"]
+    assert again.json()["status"] == "ignored"  # not "duplicate": the refused one recorded nothing
+
+
+@pytest.mark.parametrize("tool", ["send_email", "plan_batch", "get_operation"])
+async def test_tool_arguments_nested_too_deep_are_refused_clearly_and_record_nothing(tmp_path: Path, tool: str) -> None:
+    deep = nested(1_000, "x", "dict")
+    arguments = {
+        "send_email": {**email(), "metadata": deep},
+        "plan_batch": {"sends": [{"tool": "send_email", "arguments": {**email(), "metadata": deep}}]},
+        "get_operation": {"operation_id": "op", "extra": deep},
+    }[tool]
+    async with open_review_harness(tmp_path) as harness:
+        result = await harness.proxy.call(tool, arguments)
+        await check_one_call(harness, tool, {}, result, 0)
+    assert result.is_error
+    assert f"the arguments for {tool} nest deeper than 64 levels" in text(result)
+    assert harness.sandbox.outbox == []
+
+
+async def test_a_spoofed_x_forwarded_for_does_not_escape_the_rate_limit(tmp_path: Path) -> None:
+    """60 calls, each claiming another client address, at a limit of 30: the real peer's bucket counts them all."""
+    async with running(tmp_path, http=http_settings(rate_limit_per_minute=30)) as web:
+        with structlog.testing.capture_logs() as logs:
+            statuses = await spoofed_calls(web.url, 60)
+    assert statuses.count(429) == 31  # `initialize` took one of the 30
+    refusals = [entry for entry in logs if entry["event"] == "http_refused"]
+    assert {entry["client"] for entry in refusals} == {"127.0.0.1"}
+
+
+async def test_x_forwarded_for_names_the_client_only_behind_a_trusted_proxy(tmp_path: Path) -> None:
+    http = http_settings(rate_limit_per_minute=30, trusted_proxies=["127.0.0.1"])
+    async with running(tmp_path, http=http) as web:
+        statuses = await spoofed_calls(web.url, 60)
+    assert 429 not in statuses  # each forwarded client has its own bucket
+
+
+async def spoofed_calls(url: str, count: int) -> list[int]:
+    """One session, then `count` tool calls, each with a different `X-Forwarded-For`; the statuses."""
+    async with httpx2.AsyncClient(timeout=15) as http:
+        headers = {**MCP_HEADERS, "Authorization": f"Bearer {TOKEN}"}
+        started = await http.post(f"{url}mcp", json=INITIALIZE, headers=headers)
+        headers["mcp-session-id"] = started.headers["mcp-session-id"]
+        statuses = []
+        for number in range(count):
+            spoofed = {**headers, "X-Forwarded-For": f"203.0.113.{number}"}
+            call = {**TOOL_CALL, "id": 100 + number}
+            statuses.append((await http.post(f"{url}mcp", json=call, headers=spoofed)).status_code)
+    return statuses
+
+
+async def test_a_client_sending_its_headers_slowly_is_disconnected(tmp_path: Path) -> None:
+    async with running(tmp_path, http=http_settings(header_timeout_seconds=0.5)) as web:
+        async with await anyio.connect_tcp("127.0.0.1", port_of(web.url)) as slow:
+            await slow.send(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # ... and never the rest
+            with anyio.fail_after(10):
+                assert await receive_all(slow) == b""  # closed by the server, unanswered
+        async with httpx2.AsyncClient() as http:
+            assert (await http.get(f"{web.url}healthz")).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/mcp", "/webhooks/hail"])
+async def test_a_client_sending_its_body_slowly_gets_408_and_is_disconnected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    monkeypatch.setenv("HAIL_WEBHOOK_SECRET", SECRET)
+    http = http_settings(header_timeout_seconds=0.5, body_timeout_seconds=0.5)
+    async with running(tmp_path, http=http) as web, await anyio.connect_tcp("127.0.0.1", port_of(web.url)) as slow:
+        head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
+        await slow.send(f"{head}Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n".encode())
+        await slow.send(b'{"jsonrpc": "2.0", ')  # ... and never the rest
+        with anyio.fail_after(10):
+            answer = await receive_all(slow)
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line == b"HTTP/1.1 408 Request Timeout"
+    assert b"connection: close" in rest.lower()
+    assert b"did not arrive within 0.5 s" in rest
+
+
+def port_of(url: str) -> int:
+    return int(url.rstrip("/").rsplit(":", 1)[1])
+
+
+async def receive_all(stream: anyio.abc.ByteStream) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    received = b""
+    while True:
+        try:
+            received += await stream.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            return received

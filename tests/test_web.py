@@ -27,13 +27,14 @@ from hail_guard.config import HttpSettings, LedgerSettings, Settings, UpstreamSe
 from hail_guard.errors import ConfigError
 from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import open_ledger
+from hail_guard.listener import listening, serve_app
 from hail_guard.logs import REDACTED, redact_secrets
 from hail_guard.metrics import Metrics
 from hail_guard.models import State
 from hail_guard.sandbox import Sandbox
 from hail_guard.server import Proxy
 from hail_guard.upstream import UpstreamTarget, connect_upstream
-from hail_guard.web import build_http_app, listening, serve_app, serve_http, serve_http_until_signalled
+from hail_guard.web import build_http_app, serve_http, serve_http_until_signalled
 from tests.conftest import Harness, data, email, open_harness
 
 TOKEN = "agent-token-0123456789abcdef"
@@ -99,7 +100,7 @@ async def running(
 
         async def serve(*, task_status: anyio.abc.TaskStatus[str]) -> None:
             with scope, listening("127.0.0.1", 0) as sock:
-                await serve_app(app, sock, grace_seconds=http.shutdown_grace_seconds, task_status=task_status)
+                await serve_app(app, sock, settings=http, task_status=task_status)
             stopped.set()
 
         url = await tg.start(serve)
@@ -230,14 +231,14 @@ async def test_an_oversized_body_gets_413_whether_declared_or_streamed(tmp_path:
     assert (declared.status_code, streamed.status_code) == (413, 413)
 
 
-async def test_tool_calls_over_the_rate_limit_get_429_with_retry_after(tmp_path: Path) -> None:
-    async with running(tmp_path, http=http_settings(rate_limit_per_minute=2)) as web:
-        async with over_http(web.url) as agent:
+async def test_tool_calls_and_session_starts_over_the_rate_limit_get_429_with_retry_after(tmp_path: Path) -> None:
+    async with running(tmp_path, http=http_settings(rate_limit_per_minute=3)) as web:
+        async with over_http(web.url) as agent:  # `initialize` takes one
             for _ in range(2):
                 assert not (await agent.call_tool("list_operations", {})).is_error
             with pytest.raises(MCPError, match="rate limit"):
                 await agent.call_tool("list_operations", {})
-            assert (await agent.list_tools()).tools  # only tool calls are limited
+            assert (await agent.list_tools()).tools  # only tool calls and session starts are limited
         async with httpx2.AsyncClient() as http:
             headers = {**MCP_HEADERS, "Authorization": f"Bearer {TOKEN}"}
             response = await http.post(f"{web.url}mcp", json=TOOL_CALL, headers=headers)
@@ -443,7 +444,9 @@ async def test_the_agent_token_reaches_neither_hail_nor_the_logs(tmp_path: Path)
 
     with listening("127.0.0.1", 0) as sock:
         async with anyio.create_task_group() as tg:
-            hail_url = await tg.start(partial(serve_app, recording, sock, grace_seconds=0))
+            hail_url = await tg.start(
+                partial(serve_app, recording, sock, settings=HttpSettings(shutdown_grace_seconds=0))
+            )
             target = UpstreamTarget(kind="http", url=hail_url, token="upstream-token")
             with structlog.testing.capture_logs() as logs:
                 async with (

@@ -20,9 +20,10 @@ from hail_guard import delivery, webhooks
 from hail_guard.batch import PlannedSend
 from hail_guard.config import HttpSettings, WebhookSettings
 from hail_guard.errors import WebhookRefused
+from hail_guard.listener import listening, serve_app
 from hail_guard.metrics import Metrics
 from hail_guard.models import DeliveryState, State
-from hail_guard.web import build_http_app, listening, serve_app
+from hail_guard.web import build_http_app
 from tests.conftest import Harness, data, email, open_harness
 from tests.test_web import sample
 
@@ -77,7 +78,7 @@ async def receiving(tmp_path: Path, **http: Any) -> AsyncIterator[Receiver]:
 
         async def serve(*, task_status: anyio.abc.TaskStatus[str]) -> None:
             with scope, listening("127.0.0.1", 0) as sock:
-                await serve_app(app, sock, grace_seconds=0, task_status=task_status)
+                await serve_app(app, sock, settings=settings, task_status=task_status)
 
         url = await tg.start(serve)
         yield Receiver(url, harness, metrics, client)
