@@ -9,11 +9,13 @@ from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
+import anyio
+import anyio.to_thread
 import pytest
 
-from hail_guard.errors import ConfigError, LedgerUnavailable, SchemaTooNew
+from hail_guard.errors import ConfigError, LedgerError, LedgerUnavailable, SchemaTooNew
 from hail_guard.ledger import open_ledger, sqlite_path
-from hail_guard.ledger.sqlite import _mapped, filesystem_type, migrations, refuse_network_filesystem
+from hail_guard.ledger.sqlite import _backup_file, _mapped, filesystem_type, migrations, refuse_network_filesystem
 from hail_guard.models import Intent, State
 from tests.test_ledger_contract import batch_intents, intent
 
@@ -170,3 +172,46 @@ async def test_staging_a_batch_leaves_the_ledger_free_for_other_processes(tmp_pa
         )
         assert wrote_meanwhile == [1000]
         assert (await ledger.batch_status("B1")).counts == {State.READY: 1500}
+
+
+async def test_a_backup_leaves_an_existing_partial_file_alone(tmp_path: Path) -> None:
+    copy, someones = tmp_path / "copy.db", tmp_path / "copy.db.partial"
+    someones.write_text("not hail-guard's")
+    async with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        await ledger.begin_send(intent(), owner="w1", lease_seconds=60)
+        assert await ledger.backup(str(copy)) == 1
+    assert someones.read_text() == "not hail-guard's"
+    assert sorted(path.name for path in tmp_path.iterdir() if "copy" in path.name) == ["copy.db", "copy.db.partial"]
+
+
+async def test_a_file_created_at_the_path_while_the_backup_runs_is_never_replaced(tmp_path: Path) -> None:
+    """The copy is held back (another connection holds the ledger exclusively) until the file appears."""
+    source, copy = tmp_path / "ledger.db", tmp_path / "copy.db"
+    async with open_ledger(f"sqlite:///{source}") as ledger:
+        await ledger.begin_send(intent(), owner="w1", lease_seconds=60)
+    outcome: list[BaseException | int] = []
+
+    def back_up() -> None:  # what `SqliteLedger.backup` runs on its worker thread
+        try:
+            outcome.append(_backup_file(str(source), str(copy)))
+        except LedgerError as exc:
+            outcome.append(exc)
+
+    holder = sqlite3.connect(source, isolation_level=None)
+    holder.execute("PRAGMA locking_mode = EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    holder.execute("UPDATE operations SET attempts = attempts")  # a write: the lock is taken, readers wait
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.to_thread.run_sync, back_up)
+        try:
+            with anyio.fail_after(10):
+                while not list(tmp_path.glob("*.partial")):  # noqa: ASYNC110  (a file, not an event, says it began)
+                    await anyio.sleep(0.01)
+            copy.write_text("someone's file")
+        finally:
+            holder.close()  # the lock goes with the connection: the copy goes on
+    [refused] = outcome
+    assert isinstance(refused, LedgerError)
+    assert "appeared while the backup was being written" in str(refused)
+    assert copy.read_text() == "someone's file"
+    assert not list(tmp_path.glob("*.partial"))

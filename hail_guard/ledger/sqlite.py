@@ -9,14 +9,16 @@ the file: SQLite's own locking plus a busy timeout. Every sqlite3 error is mappe
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
 import sqlite3
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, closing, contextmanager
+from contextlib import asynccontextmanager, closing, contextmanager, suppress
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -1093,21 +1095,48 @@ def _explain(message: str, path: str) -> str:
 
 
 def _backup_file(source: str, path: str) -> int:
-    """Copy into `path.partial`, then rename: a backup file is whole or absent; never overwrites."""
+    """Copy into a new, uniquely named file beside `path`, then link it there: a backup is whole or
+    absent, and never replaces a file (not one that was there, nor one that appears meanwhile)."""
     target = os.path.abspath(path)
     if os.path.lexists(target):
         raise LedgerError(f"{path} already exists; a backup never overwrites a file: give a new path")
-    partial = f"{target}.partial"
-    if os.path.lexists(partial):
-        os.remove(partial)
-    _create_private(partial)
+    folder = os.path.dirname(target)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".partial", dir=folder)
+    os.close(descriptor)  # created 0600, and only ever ours: mkstemp refuses a name that exists
     try:
-        count = _copy_online(source, partial)
-    except BaseException:
-        os.remove(partial)
-        raise
-    os.replace(partial, target)
+        count = _copy_online(source, temporary)
+        _link_new(temporary, target, path)
+    finally:
+        for leftover in (temporary, f"{temporary}-journal"):
+            with suppress(FileNotFoundError):
+                os.remove(leftover)
+    _sync_folder(folder)
     return count
+
+
+def _link_new(temporary: str, target: str, path: str) -> None:
+    """Give the finished copy its name; a hard link fails, rather than replace, when the name is taken."""
+    try:
+        os.link(temporary, target)
+    except FileExistsError:
+        raise LedgerError(f"{path} appeared while the backup was being written; it was left as it is") from None
+    except OSError as exc:
+        if exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+            raise LedgerError(
+                f"cannot back up to {path}: its filesystem has no hard links, which a backup needs to be sure never "
+                "to replace a file; back up to a folder on a local filesystem"
+            ) from exc
+        raise
+
+
+def _sync_folder(folder: str) -> None:
+    """The backup's name is durable too (the copy itself was synced by SQLite's commit)."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _copy_online(source: str, target: str) -> int:
