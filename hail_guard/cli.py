@@ -43,7 +43,7 @@ try:
     from hail_guard.logs import configure_logging
     from hail_guard.models import SUPPRESSION_CHANNELS, BatchStatus, Operation, State, Suppression
     from hail_guard.recipients import normalise_recipient
-    from hail_guard.server import batch_view, delivery_view, next_step, operation_view
+    from hail_guard.server import batch_view, delivery_view, next_step, operation_view, request_view
     from hail_guard.urls import display_url
 finally:
     if _collecting:
@@ -555,7 +555,7 @@ async def _ops_show(args: argparse.Namespace, settings: Settings) -> int:
         deliveries = delivery_view(await ledger.delivery_events(operation.id))
     history = [event.model_dump(mode="json", exclude={"operation_id"}) for event in events]
     if args.json:
-        shown = {**operation_view(operation), "request": operation.arguments(), "history": history}
+        shown = {**operation_view(operation), "request": request_view(operation), "history": history}
         print(json.dumps({**shown, "delivery_events": deliveries}, indent=2))
         return 0
     console = Console()
@@ -655,7 +655,8 @@ def _csv_writer(out: TextIO) -> Callable[[Operation], None]:
 
 def _jsonl_writer(out: TextIO) -> Callable[[Operation], None]:
     def write(operation: Operation) -> None:
-        out.write(operation.model_dump_json() + "\n")
+        values = {**operation.model_dump(mode="json"), "request": keys.canonical_json(request_view(operation))}
+        out.write(json.dumps(values) + "\n")
 
     return write
 
@@ -678,7 +679,10 @@ def _since(text: str) -> datetime:
     """`--since`: an ISO 8601 date or time (UTC unless it says), or an age such as 7d, 12h, 30m."""
     age = _AGE.match(text.strip().lower())
     if age is not None:
-        return datetime.now(UTC) - timedelta(**{_AGE_UNITS[age.group(2)]: float(age.group(1))})
+        try:
+            return datetime.now(UTC) - timedelta(**{_AGE_UNITS[age.group(2)]: float(age.group(1))})
+        except OverflowError:
+            raise argparse.ArgumentTypeError(f"{text!r} reaches back before the year 1; give a smaller age") from None
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:

@@ -563,6 +563,25 @@ def operation_view(operation: Operation, *, replayed: bool | None = None) -> dic
     return view
 
 
+SECRET_ARGUMENTS = frozenset({"api_key", "apikey", "access_token", "token", "secret", "client_secret", "password"})
+"""Argument names (at any depth) whose values are shown `[redacted]`: `place_call`'s `llm.api_key`, for one."""
+REDACTED = "[redacted]"
+
+
+def request_view(operation: Operation) -> dict[str, Any]:
+    """The stored request as every view shows it (`ops show`, `ops export`): secrets the upstream needs in
+    clear, such as `llm.api_key`, are stored so that a replay sends the same request, and shown redacted."""
+    return {name: _redacted(name, value) for name, value in operation.arguments().items()}
+
+
+def _redacted(name: str | None, value: Any) -> Any:
+    if name is not None and name.lower() in SECRET_ARGUMENTS:
+        return REDACTED
+    if isinstance(value, Mapping):
+        return {key: _redacted(key, item) for key, item in value.items()}
+    return [_redacted(None, item) for item in value] if isinstance(value, list) else value
+
+
 def delivery_view(events: Sequence[DeliveryEvent]) -> list[dict[str, Any]]:
     """Delivery events as the agent and the operator see them: state, when it happened, where it was learnt."""
     return [event.model_dump(mode="json", exclude={"operation_id"}) for event in events]

@@ -12,12 +12,13 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
+from structlog.testing import capture_logs
 
 from hail_guard import cli, keys
 from hail_guard.cli import main
 from hail_guard.ledger import open_ledger
 from hail_guard.models import Intent, Outcome, State
-from tests.conftest import Harness, data, email, open_harness
+from tests.conftest import Harness, data, email, open_harness, text
 
 KEY = "spring:lead9:email:intro"
 REVIEW_WHY = "still unclear after 5 reconcile attempts"
@@ -127,9 +128,11 @@ def test_ops_list_filters_by_batch_recipient_and_time(
     assert keys_of("--state", "needs_review", "--campaign", "spring") == [KEY]
     code, out, _ = run(capsys, "ops", "list", "--recipient", "bob@example.com")
     assert (code, "1 operation(s)" in out) == (0, True)
-    with pytest.raises(SystemExit) as usage:
-        main(["ops", "list", "--since", "last tuesday"])
-    assert usage.value.code == 2
+    for since in ("last tuesday", "99999999d"):
+        with pytest.raises(SystemExit) as usage:
+            main(["ops", "list", "--since", since])
+        assert usage.value.code == 2
+    assert "reaches back before the year 1; give a smaller age" in capsys.readouterr().err
 
 
 def test_ops_export_pages_through_every_operation_as_csv_or_json_lines(
@@ -300,3 +303,29 @@ async def test_the_review_queue_is_an_agent_tool_only_when_the_config_exposes_it
         assert (resent["state"], resent["resend_of"]) == ("accepted", operation_id)
         [last] = (await harness.ledger.events(operation_id))[-1:]
         assert (last.actor, last.to_state) == ("agent", State.CANCELLED)
+
+
+LLM_KEY = "sk-live-0123456789-SECRET"
+
+
+async def test_a_calls_llm_api_key_is_stored_for_replays_but_shown_and_logged_nowhere(
+    ledger_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    call = {
+        "to": "+14155550100",
+        "llm": {"base_url": "https://llm.example/v1", "api_key": LLM_KEY, "model": "m1"},
+        "recipient_consent": True,
+    }
+    with capture_logs() as logs:
+        async with open_harness(tmp_path, ledger_url=ledger_url) as harness:
+            placed = data(await harness.call("place_call", call))["hail_guard"]
+            viewed = await harness.call("get_operation", {"operation_id": placed["operation_id"]})
+            stored = await harness.ledger.get(placed["operation_id"])
+        show = await anyio.to_thread.run_sync(main, ["ops", "show", placed["operation_id"], "--json"])
+        export = await anyio.to_thread.run_sync(main, ["ops", "export"])
+    out, err = capsys.readouterr()
+    assert (placed["state"], show, export) == ("accepted", 0, 0)
+    assert stored.arguments()["llm"]["api_key"] == LLM_KEY  # in clear in the ledger: a replay must send it
+    assert LLM_KEY not in text(viewed) + out + err + repr(logs)
+    assert '"api_key": "[redacted]"' in out
+    assert json.loads(out.split("\n}\n")[0] + "}")["request"]["llm"] == {**call["llm"], "api_key": "[redacted]"}
