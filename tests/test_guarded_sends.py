@@ -7,8 +7,10 @@ from typing import Any
 
 import anyio
 import pytest
+from structlog.testing import capture_logs
 
 from hail_guard.models import State
+from hail_guard.server import LEDGER_UNAVAILABLE
 from tests.conftest import data, email, open_harness, text
 
 
@@ -193,12 +195,14 @@ async def test_the_ledger_cannot_record_so_nothing_is_forwarded(tmp_path: Path) 
         holder = sqlite3.connect(str(harness.ledger._path), isolation_level=None)  # type: ignore[attr-defined]
         holder.execute("BEGIN IMMEDIATE")
         try:
-            result = await harness.call("send_email", email())
+            with capture_logs() as logs:
+                result = await harness.call("send_email", email())
         finally:
             holder.execute("ROLLBACK")
             holder.close()
         assert result.is_error
-        assert "locked" in text(result)
+        assert text(result) == LEDGER_UNAVAILABLE  # the agent is told it failed; the operator's log says why
+        assert "locked" in next(entry["error"] for entry in logs if entry["event"] == "call_failed")
         assert harness.sandbox.calls("send_email") == 0
 
 
