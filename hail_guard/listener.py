@@ -2,8 +2,9 @@
 
 - Each request's headers must arrive within `[http] header_timeout_seconds` of the connection (or of
   the previous answer on it); a client that drips them is disconnected (bodies: see `gate`).
-- At most `[http] max_connections` connections are open at once; one past it is answered 503 and
-  closed at once, so slow clients cannot hold every file descriptor.
+- At most `[http] max_connections` connections are open at once (fewer when the open-file limit
+  leaves less room: logged at start); one past it is answered 503 and closed at once, so slow
+  clients cannot hold every file descriptor.
 - `X-Forwarded-For` is believed only from `[http] trusted_proxies`; otherwise the client is the
   connection's own address (the rate limit and the logs use it).
 - `accept()` failing for want of file descriptors or memory (EMFILE...) is logged once per burst,
@@ -40,10 +41,14 @@ from hail_guard.errors import ConfigError, HailGuardError
 log = structlog.get_logger(__name__)
 
 LISTEN_BACKLOG = 128
+RESERVED_FILES = 32
+"""File descriptors kept for everything but client connections: the ledger, its pool, the upstream, pipes."""
 BURST_SECONDS = 30.0
 """A refusal of the same kind within this long of the last one is the same burst: logged once."""
 _ACCEPT_FAILED = "socket.accept() out of system resource"
-"""asyncio's context message when `accept()` fails with EMFILE, ENFILE, ENOBUFS or ENOMEM."""
+"""asyncio's context message when `accept()` fails with EMFILE, ENFILE, ENOBUFS or ENOMEM; it then
+retries after a second, once for every attempt that failed."""
+_RETRY_SECONDS = 5.0
 
 
 class _OncePerBurst:
@@ -57,6 +62,9 @@ class _OncePerBurst:
         if now - self.last > BURST_SECONDS:
             log.warning(self.event, message=self.message, **fields)
         self.last = now
+
+    def within(self, seconds: float) -> bool:
+        return time.monotonic() - self.last < seconds
 
 
 _SLOW_HEADERS = _OncePerBurst("http_slow_headers", "closed connections whose request headers came too slowly")
@@ -120,12 +128,33 @@ class _BoundedH11(H11Protocol):
             self.transport.close()
 
 
-def _protocol(settings: HttpSettings) -> type[H11Protocol]:
+def _protocol(settings: HttpSettings, cap: int) -> type[H11Protocol]:
     class Bounded(_BoundedH11):
         header_timeout_seconds = settings.header_timeout_seconds
-        max_connections = settings.max_connections
+        max_connections = cap
 
     return Bounded
+
+
+def connection_cap(wanted: int) -> int:
+    """`wanted`, or fewer when the open-file limit leaves less room (then say so): past the limit,
+    `accept()` fails and new connections wait in the queue, unanswered."""
+    try:
+        import resource  # here: not on every platform
+    except ModuleNotFoundError:
+        return wanted
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft - RESERVED_FILES >= wanted:
+        return wanted
+    room = max(1, soft - RESERVED_FILES)
+    log.warning(
+        "http_connections_limited",
+        message="the open-file limit leaves room for fewer connections than [http] max_connections; raise it "
+        "(ulimit -n) to allow more",
+        open_file_limit=soft,
+        max_connections=room,
+    )
+    return room
 
 
 @contextlib.contextmanager
@@ -139,9 +168,11 @@ def _accept_errors_logged_once(loop: asyncio.AbstractEventLoop) -> Iterator[None
     )
 
     def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        failure = context.get("exception")
-        if context.get("message") == _ACCEPT_FAILED and isinstance(failure, OSError):
+        failure, message = context.get("exception"), str(context.get("message", ""))
+        if message == _ACCEPT_FAILED and isinstance(failure, OSError):
             burst.happened(error=failure.strerror, errno=errno.errorcode.get(failure.errno or 0))
+        elif "._start_serving(" in message and burst.within(_RETRY_SECONDS):
+            pass  # asyncio's retries of those accepts, firing once the server has closed its socket
         elif previous is not None:
             previous(loop, context)
         else:
@@ -151,7 +182,8 @@ def _accept_errors_logged_once(loop: asyncio.AbstractEventLoop) -> Iterator[None
     try:
         yield
     finally:
-        loop.set_exception_handler(previous)
+        if not burst.within(_RETRY_SECONDS):  # else its retries, still pending, would each be logged
+            loop.set_exception_handler(previous)
 
 
 @contextlib.contextmanager
@@ -187,18 +219,19 @@ class _Uvicorn(uvicorn.Server):
 
 
 def _config(app: ASGIApp, settings: HttpSettings) -> uvicorn.Config:
+    max_connections = connection_cap(settings.max_connections)
     return uvicorn.Config(
         app,
         log_config=None,
         access_log=False,
         lifespan="on",
         server_header=False,
-        http=_protocol(settings),
+        http=_protocol(settings, max_connections),
         backlog=LISTEN_BACKLOG,
         proxy_headers=bool(settings.trusted_proxies),
         forwarded_allow_ips=list(settings.trusted_proxies),
         # The protocol closes connections past the cap; requests on the ones it keeps always pass.
-        limit_concurrency=settings.max_connections + 1,
+        limit_concurrency=max_connections + 1,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_seconds),
     )
 

@@ -60,6 +60,13 @@ async def test_sessions_past_the_cap_get_503_and_an_idle_session_ends(tmp_path: 
     assert again.status_code == 200  # ...and there is room for it
 
 
+async def test_session_starts_past_the_rate_limit_get_429(tmp_path: Path) -> None:
+    headers = {**MCP_HEADERS, "Authorization": f"Bearer {TOKEN}"}
+    async with running(tmp_path, http=http_settings(rate_limit_per_minute=5)) as web, httpx2.AsyncClient() as client:
+        answers = [await client.post(f"{web.url}mcp", json=INITIALIZE, headers=headers) for _ in range(7)]
+    assert [answer.status_code for answer in answers] == [200] * 5 + [429] * 2
+
+
 @contextmanager
 def session_ends() -> Iterator[anyio.Event]:
     """An event set when the SDK's session manager logs that it closed an idle session."""
@@ -132,13 +139,15 @@ def test_trusted_proxies_must_be_addresses_or_networks() -> None:
 
 # --- out of file descriptors --------------------------------------------------------------------
 
-FILE_LIMIT = 64
-"""Open files the server may have: enough to start and serve, a few dozen connections more."""
+FILE_LIMIT = 96
+"""Open files the server may have: hail-guard then caps itself at 64 connections (96 less 32 reserved)..."""
+HELD_ELSEWHERE = 40
+"""...but this many are taken before it starts, so its accept() fails (EMFILE) before the cap is reached."""
 CONNECTIONS = 120
-"""Held by the test: more than the server can open (its accept() fails with EMFILE), fewer than the
-listen backlog (128), so that every one connects."""
+"""Held by the test: more than the server can open, fewer than the listen backlog (128), so every one connects."""
 WITH_FEW_FILES = (
-    "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit})); "
+    "import os, resource, runpy, sys; resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit})); "
+    "held = [os.open(os.devnull, os.O_RDONLY) for _ in range({held})]; "
     "sys.argv = ['hail-guard', *sys.argv[1:]]; runpy.run_module('hail_guard', run_name='__main__')"
 )
 
@@ -154,6 +163,7 @@ async def test_out_of_file_descriptors_the_accept_error_is_logged_once_and_the_s
     assert health == 200
     lines = b"".join(stderr).decode().splitlines()
     events = [json.loads(line)["event"] for line in lines]  # every line is JSON: no raw traceback
+    assert events.count("http_connections_limited") == 1  # said at start: the open-file limit caps it
     assert 1 <= events.count("http_accept_failed") <= 2  # once per burst, not once per attempt
     assert len(lines) < 100
 
@@ -177,7 +187,8 @@ async def served_with_few_files(tmp_path: Path) -> AsyncIterator[tuple[str, list
         "HAIL_GUARD_HTTP_HEADER_TIMEOUT_SECONDS": "1",
         "HAIL_GUARD_DELIVERY_POLL": "false",
     }
-    command = [sys.executable, "-c", WITH_FEW_FILES.format(limit=FILE_LIMIT), "serve", "--transport", "http"]
+    wrapper = WITH_FEW_FILES.format(limit=FILE_LIMIT, held=HELD_ELSEWHERE)
+    command = [sys.executable, "-c", wrapper, "serve", "--transport", "http"]
     stderr: list[bytes] = []
     listening = anyio.Event()
 
