@@ -73,7 +73,8 @@ class _LibraryRecords(logging.StreamHandler):  # type: ignore[type-arg]  # of _C
 
 def _route_library_logging(level: str, renderer: Any) -> None:
     """Libraries' records become the same lines as ours, redacted; else Python prints them as plain
-    text on stderr (tracebacks included). Below `warning` they are dropped: they are chatter."""
+    text on stderr (tracebacks included). Theirs below `warning` are dropped (chatter); those of our
+    own modules that use `logging` (the sandbox) keep the configured level."""
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[
             structlog.stdlib.add_logger_name,
@@ -93,7 +94,9 @@ def _route_library_logging(level: str, renderer: Any) -> None:
     for old in [existing for existing in root.handlers if isinstance(existing, _LibraryRecords)]:
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(max(logging.WARNING, logging.getLevelNamesMapping()[level.upper()]))
+    chosen = logging.getLevelNamesMapping()[level.upper()]
+    root.setLevel(max(logging.WARNING, chosen))
+    logging.getLogger("hail_guard").setLevel(chosen)
 
 
 def configure_logging(level: str = "info") -> None:
