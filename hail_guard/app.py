@@ -11,10 +11,12 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.to_thread
 import structlog
 from mcp.server.stdio import stdio_server
 
 from hail_guard.config import Settings
+from hail_guard.errors import ConfigError
 from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.server import Proxy, build_server
@@ -56,6 +58,21 @@ def sign_in(settings: Settings) -> SignIn:
     return SignIn(TokenStore(settings.upstream.url or "", settings.upstream.signin_dir))
 
 
+def credentials_warning(settings: Settings) -> str | None:
+    """Why every send may be refused (HTTP 401): a Hail URL, no token in its variable, and no stored
+    sign-in. It may read the sign-in file: call it off the event loop."""
+    upstream = settings.upstream
+    if upstream.kind != "http" or upstream.token() is not None:
+        return upstream.token_warning()
+    from hail_guard.oauth import TokenStore  # here: only an HTTP upstream without a key needs it
+
+    try:
+        signed_in = TokenStore(upstream.url or "", upstream.signin_dir).load() is not None
+    except ConfigError:
+        signed_in = False  # an unusable sign-in file: `status` and the first send say why
+    return upstream.token_warning(signed_in=signed_in)
+
+
 def guard_settings(settings: Settings) -> GuardSettings:
     return GuardSettings(
         key_template=settings.guard.key_template,
@@ -79,6 +96,8 @@ async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> A
 
     With `metrics`, ledger and upstream calls are timed and every tool call is counted there.
     """
+    if (warning := await anyio.to_thread.run_sync(credentials_warning, settings)) is not None:
+        log.warning("upstream_token_missing", message=warning, variable=settings.upstream.token_env)
     async with (
         open_ledger_from(settings) as opened_ledger,
         connect_upstream(upstream_target(settings), timeout_seconds=settings.upstream.timeout_seconds) as opened,
@@ -94,6 +113,7 @@ async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> A
             settings.guard.require_approval,
             observer=metrics,
             pin_tools=settings.upstream.pin_tools,
+            record_tools=settings.upstream.record_tools,
             expose_review=settings.review.expose_to_agent,
         )
         await proxy.refresh_tools()

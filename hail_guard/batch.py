@@ -245,29 +245,65 @@ def _csv_sends(lines: Iterable[str], schema_of: SchemaOf) -> Iterator[PlannedSen
         for column, cell in row.items():
             if column is None or cell is None or cell == "":
                 continue
+            path = column.split(".")
             try:
-                _put(arguments, column.split("."), _typed(cell, properties.get(column.split(".")[0], {})))
+                _put(arguments, path, _typed(cell, _cell_schema(properties, path)))
             except (ValueError, TypeError) as exc:
                 raise RefusedByPolicy(f"line {number}, column {column}: {exc}; nothing was planned") from None
         yield PlannedSend(tool, arguments, f"line {number}")
 
 
+def _cell_schema(properties: Mapping[str, Any], path: Sequence[str]) -> Mapping[str, Any]:
+    """The schema of the property a (dotted) column names: `metadata.lead_id` is `lead_id` inside
+    `metadata`. A member the schema does not describe (of a free-form object) has none: a string."""
+    schema: Any = {"properties": properties}
+    for part in path:
+        nested = schema.get("properties") if isinstance(schema, Mapping) else None
+        extra = schema.get("additionalProperties") if isinstance(schema, Mapping) else None
+        if isinstance(nested, Mapping) and part in nested:
+            schema = nested[part]
+        elif isinstance(extra, Mapping):
+            schema = extra
+        else:
+            return {}
+    return schema if isinstance(schema, Mapping) else {}
+
+
 def _typed(cell: str, schema: Mapping[str, Any]) -> Any:
+    """A cell as its schema types it; where the schema also allows a string, a cell that does not parse is one."""
     kinds = schema.get("type", "string")
     kinds = set(kinds) if isinstance(kinds, list) else {kinds}
-    if "boolean" in kinds:
-        if cell not in ("true", "false"):
-            raise ValueError(f"{cell!r} is not true or false")
-        return cell == "true"
-    if "array" in kinds:
-        return [part.strip() for part in cell.split(";") if part.strip()]
-    if "integer" in kinds:
-        return int(cell)
-    if "number" in kinds:
-        return float(cell)
-    if "object" in kinds:
-        return json.loads(cell)
+    for kind, parse in _PARSERS.items():
+        if kind in kinds:
+            try:
+                return parse(cell)
+            except ValueError:
+                if "string" not in kinds:
+                    raise
     return cell
+
+
+def _boolean(cell: str) -> bool:
+    if cell not in ("true", "false"):
+        raise ValueError(f"{cell!r} is not true or false")
+    return cell == "true"
+
+
+def _json_object(cell: str) -> dict[str, Any]:
+    value = json.loads(cell)
+    if not isinstance(value, dict):
+        raise ValueError(f"{cell!r} is not a JSON object")  # noqa: TRY004  (a cell that does not parse)
+    return value
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "boolean": _boolean,
+    "array": lambda cell: [part.strip() for part in cell.split(";") if part.strip()],
+    "integer": int,
+    "number": float,
+    "object": _json_object,
+}
+"""How a cell becomes each JSON type but a string, in the order tried (list cells are split on `;`)."""
 
 
 def _put(target: dict[str, Any], path: list[str], value: Any) -> None:

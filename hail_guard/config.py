@@ -56,6 +56,8 @@ class UpstreamSettings(_Section):
     """With the built-in sandbox: append what it "sent" to this JSON Lines file."""
     pin_tools: bool = False
     """Refuse a guarded tool whose description or schema changed until `hail-guard upstream accept`."""
+    record_tools: bool = True
+    """Record the upstream's tools in the ledger (pinning); the drill's spawned `serve` turns it off."""
     signin_dir: str | None = None
     """Where `hail-guard login` keeps its tokens (one file per upstream); None: `signin/` in the user's data folder."""
 
@@ -74,6 +76,17 @@ class UpstreamSettings(_Section):
 
     def token(self) -> str | None:
         return os.environ.get(self.token_env) or None
+
+    def token_warning(self, *, signed_in: bool = False) -> str | None:
+        """Why sends may be refused (HTTP 401): a Hail URL is set, but the token variable is empty or unset
+        and (for Streamable HTTP) there is no sign-in either (`signed_in`: `hail-guard login` kept one)."""
+        if self.kind not in ("http", "sse") or self.token() or (self.kind == "http" and signed_in):
+            return None
+        fix = f"set {self.token_env}" + (", or run `hail-guard login`" if self.kind == "http" else "")
+        return (
+            f"{self.token_env} is not set: hail-guard sends Hail no token, and a Hail that checks tokens refuses "
+            f"every send (HTTP 401); {fix}"
+        )
 
 
 class GuardSection(_Section):
@@ -232,17 +245,47 @@ def load_settings(path: str | None = None, environ: Mapping[str, str] | None = N
     environ = os.environ if environ is None else environ
     path = path or environ.get(f"{ENV_PREFIX}CONFIG")
     data: dict[str, Any] = _read_toml(path) if path else {}
+    variables: dict[tuple[str, str], str] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name == f"{ENV_PREFIX}CONFIG":
             continue
         section, _, key = name.removeprefix(ENV_PREFIX).lower().partition("_")
         if section in Settings.model_fields and key:
             data.setdefault(section, {})[key] = [v for v in value.split(",") if v] if key in _LIST_KEYS else value
+            variables[(section, key)] = name
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"[{'.'.join(str(p) for p in error['loc'])}] {error['msg']}" for error in exc.errors())
+        problems = "; ".join(_problem(error, variables) for error in exc.errors())
         raise ConfigError(f"the configuration is not valid ({path or 'defaults and environment'}): {problems}") from exc
+
+
+def _problem(error: Any, variables: Mapping[tuple[str, str], str]) -> str:
+    """One validation error in words; an unknown key names the nearest known one (and its variable)."""
+    where = tuple(str(part) for part in error["loc"])
+    if error["type"] != "extra_forbidden":
+        return f"[{'.'.join(where)}] {error['msg']}"
+    if len(where) == 1:
+        near = _nearest(where[0], Settings.model_fields)
+        return f"unknown section [{where[0]}]" + (f"; did you mean [{near}]?" if near else "") + _SEE_EXAMPLE
+    section, key = where[0], where[1]
+    model = Settings.model_fields[section].annotation
+    near = _nearest(key, model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else None
+    variable = variables.get((section, key))
+    if variable is None:
+        return f'unknown key "{key}" in [{section}]' + (f'; did you mean "{near}"?' if near else "") + _SEE_EXAMPLE
+    hint = f"; did you mean {ENV_PREFIX}{section.upper()}_{near.upper()}?" if near else ""
+    return f'unknown variable {variable}: [{section}] has no key "{key}"{hint}{_SEE_EXAMPLE}'
+
+
+_SEE_EXAMPLE = " (config.example.toml lists every key)"
+
+
+def _nearest(name: str, known: Mapping[str, Any]) -> str | None:
+    import difflib  # here: only a misspelt setting needs it
+
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.5)
+    return close[0] if close else None
 
 
 def _read_toml(path: str) -> dict[str, Any]:

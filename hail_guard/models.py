@@ -269,6 +269,19 @@ class BatchStatus(BaseModel):
         return sum(self.counts.values())
 
 
+class BatchSummary(BaseModel):
+    """A batch as `hail-guard batch list` shows it: when it was planned and its counts by state."""
+
+    batch_id: str
+    name: str | None
+    created_at: datetime
+    counts: dict[State, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
 class ToolPin(BaseModel):
     """An upstream tool as last seen and as last accepted (MCP "rug pull" defence)."""
 

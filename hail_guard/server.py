@@ -32,6 +32,7 @@ from hail_guard.errors import (
     UpstreamError,
 )
 from hail_guard.guard import ALLOW_DUPLICATE, Guard, SendReport
+from hail_guard.ledger import find_operation
 from hail_guard.models import (
     SUPPRESSION_CHANNELS,
     BatchStatus,
@@ -272,6 +273,8 @@ class Proxy:
     """Refuse a guarded tool whose name, description or schemas changed since it was accepted."""
     expose_review: bool = False
     """Offer the review queue to the agent (`[review] expose_to_agent`)."""
+    record_tools: bool = True
+    """Record the upstream's tools in the ledger, for pinning; off for the drill, whose sandbox is not Hail."""
     tools: dict[str, types.Tool] = field(default_factory=dict)
     """The upstream's tools, verbatim."""
     guarded: set[str] = field(default_factory=set)
@@ -320,6 +323,8 @@ class Proxy:
 
     async def _observe(self, tools: Mapping[str, types.Tool]) -> None:
         """Compare each tool with what was accepted; the ledger is written only when something moved."""
+        if not self.record_tools:
+            return
         fingerprints = {name: tool_fingerprint(tool) for name, tool in tools.items()}
         if fingerprints == self._fingerprints:
             return
@@ -404,7 +409,8 @@ class Proxy:
         if name in _REVIEW:
             return await self._review_tool(name, arguments)
         if name == "reconcile":
-            settled = await self.guard.reconcile(arguments.get("operation_id"))
+            target = await self._find(arguments) if "operation_id" in arguments else None
+            settled = await self.guard.reconcile(target.id if target is not None else None)
             return _data({"reconciled": [operation_view(op) for op in settled], "count": len(settled)})
         if name == "get_operation":
             operation = await self._find(arguments)
@@ -473,14 +479,11 @@ class Proxy:
         return _data(operation_view(resent))
 
     async def _find(self, arguments: Mapping[str, Any]) -> Operation:
-        if "operation_id" in arguments:
-            return await self.guard.ledger.get(arguments["operation_id"])
-        if "idempotency_key" in arguments:
-            found = await self.guard.ledger.find_by_key(arguments["idempotency_key"])
-            if found is None:
-                raise NotFound(f"no operation has the key {arguments['idempotency_key']!r}")
-            return found
-        raise RefusedByPolicy("give operation_id or idempotency_key")
+        """The operation named by `operation_id` or `idempotency_key` (either takes an id or a key)."""
+        reference = arguments.get("operation_id", arguments.get("idempotency_key"))
+        if reference is None:
+            raise RefusedByPolicy("give operation_id or idempotency_key")
+        return await find_operation(self.guard.ledger, reference)
 
 
 def tool_fingerprint(tool: types.Tool) -> str:

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import structlog
 from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
@@ -43,7 +44,7 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hail_guard import webhooks
-from hail_guard.app import open_proxy, tracking
+from hail_guard.app import credentials_warning, open_proxy, tracking
 from hail_guard.config import HttpSettings, Settings, WebhookSettings
 from hail_guard.errors import ConfigError, HailGuardError, WebhookRefused
 from hail_guard.gate import BodyRefused, Gate, is_loopback, read_body
@@ -62,9 +63,15 @@ READY_PROBE_SECONDS = 5.0
 
 
 def build_http_app(
-    proxy: Proxy, settings: HttpSettings, *, metrics: Metrics | None = None, hooks: WebhookSettings | None = None
+    proxy: Proxy,
+    settings: HttpSettings,
+    *,
+    metrics: Metrics | None = None,
+    hooks: WebhookSettings | None = None,
+    warnings: Sequence[str] = (),
 ) -> Starlette:
-    """The ASGI app; `metrics` is the one `proxy` reports to (see `open_proxy`), else a fresh one."""
+    """The ASGI app; `metrics` is the one `proxy` reports to (see `open_proxy`), else a fresh one.
+    `warnings` (a missing Hail token) are shown by `/readyz`; they do not make it fail."""
     metrics = metrics or Metrics()
     hooks = hooks or WebhookSettings()
     server = build_server(proxy)
@@ -87,7 +94,12 @@ def build_http_app(
         if (problem := proxy.upstream.sign_in_problem) is not None:  # connected or not, nothing can be sent
             checks |= {"upstream": "sign_in_required", "detail": problem}
         ready = all(value == "ok" for value in checks.values())
-        return JSONResponse({"status": "ready" if ready else "not_ready", **checks}, status_code=200 if ready else 503)
+        body = {
+            "status": "ready" if ready else "not_ready",
+            **checks,
+            **({"warnings": list(warnings)} if warnings else {}),
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics_page(request: Request) -> Response:
         try:
@@ -211,7 +223,9 @@ async def serve_http(
     metrics = Metrics()
     with listening(http.host, http.port) as sock:
         async with open_proxy(settings, metrics=metrics) as proxy, tracking(settings, proxy):
-            app = build_http_app(proxy, http, metrics=metrics, hooks=settings.webhooks)
+            warning = await anyio.to_thread.run_sync(credentials_warning, settings)
+            warnings = [warning] if warning is not None else []
+            app = build_http_app(proxy, http, metrics=metrics, hooks=settings.webhooks, warnings=warnings)
             await serve_app(app, sock, settings=http, task_status=task_status)
 
 

@@ -211,3 +211,45 @@ def test_malformed_batch_files_name_the_line(tmp_path: Path, name: str, content:
     path.write_text(content)
     with pytest.raises(RefusedByPolicy, match=message):
         list(read_batch_file(str(path), lambda _: {"properties": {"recipient_consent": {"type": "boolean"}}}))
+
+
+def sandbox_schema(tool: str) -> dict[str, Any] | None:
+    """The sandbox's own input schema of `tool`: the schema Hail gives, `metadata` a free-form object."""
+    from hail_guard.sandbox.tools import input_schema
+
+    return input_schema(tool)
+
+
+def test_a_dotted_csv_cell_is_typed_by_the_nested_property_not_its_object(tmp_path: Path) -> None:
+    csv_file = tmp_path / "b.csv"
+    csv_file.write_text(
+        "tool,to,body,recipient_consent,metadata.campaign_id,metadata.lead_id,metadata.attempt\n"
+        "send_sms,+14155550100,Hi,true,spring,007,2\n"
+    )
+    [send] = read_batch_file(str(csv_file), sandbox_schema)
+    assert send.arguments["metadata"] == {"campaign_id": "spring", "lead_id": "007", "attempt": "2"}
+
+
+def test_a_nested_property_the_schema_describes_is_typed_as_it_says(tmp_path: Path) -> None:
+    schema = {
+        "properties": {
+            "options": {
+                "type": "object",
+                "properties": {"retries": {"type": "integer"}, "loud": {"type": "boolean"}},
+                "additionalProperties": {"type": "number"},
+            }
+        }
+    }
+    csv_file = tmp_path / "b.csv"
+    csv_file.write_text("tool,options.retries,options.loud,options.weight\nsend_email,3,false,1.5\n")
+    [send] = read_batch_file(str(csv_file), lambda _: schema)
+    assert send.arguments["options"] == {"retries": 3, "loud": False, "weight": 1.5}
+
+
+def test_an_object_column_takes_a_json_object_and_refuses_anything_else(tmp_path: Path) -> None:
+    csv_file = tmp_path / "b.csv"
+    csv_file.write_text('tool,metadata\nsend_email,"{""lead_id"": ""L1""}"\nsend_email,L2\n')
+    sends = read_batch_file(str(csv_file), sandbox_schema)
+    assert next(sends).arguments == {"metadata": {"lead_id": "L1"}}
+    with pytest.raises(RefusedByPolicy, match="line 3, column metadata"):
+        next(sends)

@@ -64,7 +64,7 @@ def test_the_token_is_read_from_the_named_variable_only(monkeypatch: pytest.Monk
         ("[upstream\n", "not valid TOML"),
         ("[upstream]\ntimeout_seconds = -1\n", r"\[upstream.timeout_seconds\]"),
         ("[upstream]\ntransport = 'carrier-pigeon'\n", r"\[upstream.transport\]"),
-        ("[ledger]\nurll = 'x'\n", r"\[ledger.urll\] Extra inputs are not permitted"),
+        ("[ledger]\nurll = 'x'\n", r'unknown key "urll" in \[ledger\]; did you mean "url"\?'),
         ("[guard]\nkey_template = 'static'\n", "no placeholders"),
     ],
 )
@@ -100,3 +100,38 @@ def test_http_lists_come_from_the_environment_comma_separated() -> None:
     assert settings.http.allowed_hosts == ["guard.internal", "guard"]
     assert settings.http.port == 9000
     assert settings.http.allowed_origins == []
+
+
+def test_an_unknown_key_in_the_file_names_the_nearest_key_and_the_example(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[upstream]\ntimeout = 10\n")
+    expected = (
+        'unknown key "timeout" in [upstream]; did you mean "timeout_seconds"? (config.example.toml lists every key)'
+    )
+    with pytest.raises(ConfigError) as raised:
+        load_settings(str(path), environ={})
+    assert expected in str(raised.value)
+    assert "Extra inputs" not in str(raised.value)
+
+
+def test_an_unknown_variable_names_the_variable_it_meant() -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_settings(None, environ={"HAIL_GUARD_UPSTREAM_TIMEOUT": "10"})
+    assert (
+        'unknown variable HAIL_GUARD_UPSTREAM_TIMEOUT: [upstream] has no key "timeout"; '
+        "did you mean HAIL_GUARD_UPSTREAM_TIMEOUT_SECONDS? (config.example.toml lists every key)"
+    ) in str(raised.value)
+
+
+def test_an_unknown_section_and_a_key_like_no_other_are_named_too(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[upstreams]\nurl = 'x'\n[guard]\nzzz = 1\n")
+    with pytest.raises(ConfigError) as raised:
+        load_settings(str(path), environ={})
+    assert "unknown section [upstreams]; did you mean [upstream]?" in str(raised.value)
+    assert 'unknown key "zzz" in [guard] (config.example.toml lists every key)' in str(raised.value)
+
+
+def test_variables_of_other_tools_and_of_unknown_sections_are_left_alone() -> None:
+    settings = load_settings(None, environ={"HAIL_GUARD_TOKEN": "t", "HAIL_GUARD_CRASH_AT": "x", "HAIL_GUARD_X_Y": "1"})
+    assert settings.model_dump() == Settings().model_dump()

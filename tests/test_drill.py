@@ -18,8 +18,9 @@ from typing import Any
 import anyio
 import pytest
 
-from hail_guard import cli, drill, policy
+from hail_guard import drill, policy
 from hail_guard.batch import Batches
+from hail_guard.cli import drill as command_line
 from hail_guard.config import Settings
 from hail_guard.drill import DrillOptions, DrillReport, Scenario, run_drill
 from hail_guard.errors import ConfigError
@@ -48,16 +49,16 @@ def verdicts(report: DrillReport) -> dict[int, str | None]:
 
 def command(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    drill.add_arguments(parser)
+    command_line.add_arguments(parser)
     return parser.parse_args(argv)
 
 
 async def test_the_command_with_the_default_leads_prints_a_table_and_exits_0(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = await cli.drill_command(command("--seed", "42"), Settings())
+    code = await command_line.drill_command(command("--seed", "42"), Settings())
     out = capsys.readouterr().out
-    assert code == drill.EXIT_OK
+    assert code == command_line.EXIT_OK
     assert "All 12 scenarios hold: nobody got a message twice and nothing was lost" in out
     assert "seed 42, 100 leads, 2 workers" in out
     assert "workers claim" in out
@@ -66,9 +67,9 @@ async def test_the_command_with_the_default_leads_prints_a_table_and_exits_0(
 
 async def test_every_scenario_holds_on_a_small_batch_and_the_json_parses(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ("--json", "--leads", str(SMALL), "--workers", "3", "--seed", "5")
-    code = await cli.drill_command(command(*argv), Settings())
+    code = await command_line.drill_command(command(*argv), Settings())
     report = json.loads(capsys.readouterr().out)
-    assert code == drill.EXIT_OK
+    assert code == command_line.EXIT_OK
     assert report["passed"] is True
     assert (report["seed"], report["leads"], report["workers"], report["ledger"]) == (5, SMALL, 3, None)
     assert [(s["number"], s["verdict"], s["failed_check"]) for s in report["scenarios"]] == [
@@ -82,17 +83,25 @@ async def test_every_scenario_holds_on_a_small_batch_and_the_json_parses(capsys:
         "faults",
         "expected",
         "sent",
+        "without_guard",
+        "agent_saw",
         "verdict",
         "failed_check",
         "seconds",
     }
+    unguarded = {s["number"]: s["without_guard"]["sent"] for s in report["scenarios"]}
+    assert unguarded == {1: 2, 2: 2, 3: SMALL + 1, 4: 2, 5: 3 * SMALL, 6: SMALL, 7: 1, 8: 2, 9: 2, 10: 2, 11: 2, 12: 2}
+    saw = {s["number"]: " -> ".join(s["agent_saw"]) for s in report["scenarios"]}
+    assert saw[2] == "unknown -> reconcile -> accepted"
+    assert saw[1] == "unknown -> unknown (from the ledger) -> reconcile -> accepted"
+    assert saw[11] == "unknown -> send_email: refused (probable duplicate) -> reconcile -> accepted"
     assert report["replay"] == f"hail-guard drill --seed 5 --leads {SMALL} --workers 3"
 
 
 async def test_without_a_seed_one_is_chosen_and_printed(capsys: pytest.CaptureFixture[str]) -> None:
-    code = await cli.drill_command(command("--json", "--scenario", "4"), Settings())
+    code = await command_line.drill_command(command("--json", "--scenario", "4"), Settings())
     report = json.loads(capsys.readouterr().out)
-    assert code == drill.EXIT_OK
+    assert code == command_line.EXIT_OK
     assert isinstance(report["seed"], int)
     assert f"--seed {report['seed']}" in report["replay"]
     assert [s["number"] for s in report["scenarios"]] == [4]
@@ -102,9 +111,9 @@ async def test_a_failing_scenario_exits_1_and_says_how_to_replay_it(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     no_duplicate_window(monkeypatch)
-    code = await cli.drill_command(command("--json", "--seed", "9", "--scenario", "11"), Settings())
+    code = await command_line.drill_command(command("--json", "--seed", "9", "--scenario", "11"), Settings())
     report = json.loads(capsys.readouterr().out)
-    assert code == drill.EXIT_FAILED
+    assert code == command_line.EXIT_FAILED
     assert report["passed"] is False
     [scenario] = report["scenarios"]
     assert scenario["verdict"] == "fails"
@@ -117,9 +126,9 @@ async def test_the_table_names_the_failed_check(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     no_duplicate_window(monkeypatch)
-    code = await cli.drill_command(command("--scenario", "11", "--seed", "3"), Settings())
+    code = await command_line.drill_command(command("--scenario", "11", "--seed", "3"), Settings())
     out = capsys.readouterr().out
-    assert code == drill.EXIT_FAILED
+    assert code == command_line.EXIT_FAILED
     assert "FAILS" in out
     assert "Replay: hail-guard drill --seed 3" in " ".join(out.split())
 
@@ -128,8 +137,8 @@ async def test_a_configured_duplicate_window_of_0_is_rehearsed_and_fails_scenari
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     settings = Settings.model_validate({"guard": {"duplicate_window_hours": 0}})
-    code = await cli.drill_command(command("--json", "--scenario", "11", "--seed", "1"), settings)
-    assert code == drill.EXIT_FAILED
+    code = await command_line.drill_command(command("--json", "--scenario", "11", "--seed", "1"), settings)
+    assert code == command_line.EXIT_FAILED
     assert json.loads(capsys.readouterr().out)["scenarios"][0]["sent"] == 2
 
 
@@ -179,7 +188,7 @@ async def test_the_drill_command_passes_on_a_fresh_postgresql_database(postgres_
     argv = [sys.executable, "-m", "hail_guard", "drill", "--ledger", postgres_url, "--json", "--seed", "7"]
     with anyio.fail_after(50):
         done = await anyio.run_process(argv, check=False)
-    assert done.returncode == drill.EXIT_OK, done.stderr.decode()
+    assert done.returncode == command_line.EXIT_OK, done.stderr.decode()
     report = json.loads(done.stdout)
     assert report["passed"] is True
     assert [scenario["failed_check"] for scenario in report["scenarios"]] == [None] * len(drill.SCENARIOS)

@@ -174,7 +174,22 @@ async def test_get_and_list_operations_show_state_and_history(tmp_path: Path) ->
         assert [op["operation_id"] for op in listed["operations"]] == [operation_id]
         missing = await harness.call("get_operation", {"operation_id": "nope"})
         assert missing.is_error
-        assert "no operation nope" in text(missing)
+        assert "no operation has the id or key 'nope'" in text(missing)
+
+
+async def test_every_tool_that_names_an_operation_takes_its_id_or_its_key(tmp_path: Path) -> None:
+    """An operation named by its key where an id is asked (and the other way round) is found, never "missing"."""
+    key = "c1:l1:email:intro"
+    async with open_harness(tmp_path, "send_email:1:hang_after_accept", timeout_seconds=0.3) as harness:
+        sent = data(await harness.call("send_email", email()))["hail_guard"]
+        assert sent["state"] == "unknown"
+        by_key_as_id = data(await harness.call("get_operation", {"operation_id": key}))
+        by_id_as_key = data(await harness.call("get_operation", {"idempotency_key": sent["operation_id"]}))
+        assert by_key_as_id["operation_id"] == by_id_as_key["operation_id"] == sent["operation_id"]
+        [settled] = data(await harness.call("reconcile", {"operation_id": key}))["reconciled"]
+        assert (settled["operation_id"], settled["state"]) == (sent["operation_id"], "accepted")
+        [again] = data(await harness.call("reconcile", {"operation_id": key}))["reconciled"]
+        assert again["state"] == "accepted"  # settled already: shown as it stands, not "no operation"
 
 
 async def test_a_cancelled_call_is_recorded_unknown_and_reconciled(tmp_path: Path) -> None:

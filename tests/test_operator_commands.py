@@ -14,8 +14,8 @@ import anyio.to_thread
 import pytest
 from structlog.testing import capture_logs
 
-from hail_guard import cli, keys
-from hail_guard.cli import main
+from hail_guard import keys
+from hail_guard.cli import main, operations
 from hail_guard.ledger import open_ledger
 from hail_guard.models import Intent, Outcome, State
 from tests.conftest import Harness, data, email, open_harness, text
@@ -140,7 +140,7 @@ def test_ops_export_pages_through_every_operation_as_csv_or_json_lines(
 ) -> None:
     sent_batch(tmp_path, capsys)
     in_review(ledger_url)
-    monkeypatch.setattr(cli, "EXPORT_PAGE", 2)
+    monkeypatch.setattr(operations, "EXPORT_PAGE", 2)
     code, out, _ = run(capsys, "ops", "export", "--format", "csv", "--output", str(tmp_path / "ops.csv"))
     assert (code, out.strip()) == (0, f"exported 4 operation(s) to {tmp_path / 'ops.csv'}")
     rows = list(csv.DictReader((tmp_path / "ops.csv").read_text().splitlines()))

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from hail_guard.errors import ConfigError
+from hail_guard.errors import ConfigError, NotFound
 from hail_guard.models import (
     BatchStatus,
+    BatchSummary,
     DeliveryEvent,
     DeliveryObservation,
     Event,
@@ -99,6 +100,9 @@ class Ledger(Protocol):
         """Atomically take `ready` operations whose recipients have not opted out: `sending` under a lease."""
 
     async def batch_status(self, batch_id: str) -> BatchStatus: ...
+
+    async def list_batches(self, *, limit: int = 50) -> list[BatchSummary]:
+        """Batches, newest first, each with its counts by state."""
 
     async def count_by_state(self) -> dict[State, int]: ...
 
@@ -189,6 +193,30 @@ class Ledger(Protocol):
         """Copy the ledger, online, to a new file at `path`; returns the operations it holds."""
 
     async def aclose(self) -> None: ...
+
+
+async def find_operation(ledger: Ledger, reference: str) -> Operation:
+    """The operation `reference` names, by its operation id or by its idempotency key: the one lookup
+    wherever an operator or an agent names an operation."""
+    try:
+        return await ledger.get(reference)
+    except NotFound:
+        found = await ledger.find_by_key(reference)
+    if found is None:
+        raise NotFound(f"no operation has the id or key {reference!r}; `hail-guard ops list` shows them")
+    return found
+
+
+def batch_summaries(rows: Iterable[tuple[str, str | None, datetime, str | None, int]]) -> list[BatchSummary]:
+    """Fold (batch id, name, created at, state, count) rows, in batch order, into summaries."""
+    summaries: dict[str, BatchSummary] = {}
+    for batch_id, name, created_at, state, count in rows:
+        summary = summaries.setdefault(
+            batch_id, BatchSummary(batch_id=batch_id, name=name, created_at=created_at, counts={})
+        )
+        if state is not None:
+            summary.counts[State(state)] = count
+    return list(summaries.values())
 
 
 POSTGRES_SCHEMES = ("postgres://", "postgresql://")

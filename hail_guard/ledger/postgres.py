@@ -51,10 +51,11 @@ from hail_guard.errors import (
     RefusedByPolicy,
     SchemaTooNew,
 )
-from hail_guard.ledger import Begin, backfill
+from hail_guard.ledger import Begin, backfill, batch_summaries
 from hail_guard.models import (
     TERMINAL_STATES,
     BatchStatus,
+    BatchSummary,
     DeliveryEvent,
     DeliveryObservation,
     Event,
@@ -633,6 +634,17 @@ class PostgresLedger:
             )
         counts = {State(row[0]): int(row[1]) for row in rows}
         return BatchStatus(batch_id=batch_id, name=name, counts=counts, unresolved=[_operation(r) for r in unresolved])
+
+    async def list_batches(self, *, limit: int = 50) -> list[BatchSummary]:
+        async with self._read() as db:
+            rows = await db.fetch(
+                "SELECT b.id, b.name, b.created_at, o.state, count(o.id) "
+                "FROM (SELECT id, name, created_at FROM batches ORDER BY created_at DESC, id LIMIT $1) AS b "
+                "LEFT JOIN operations AS o ON o.batch_id = b.id "
+                "GROUP BY b.id, b.name, b.created_at, o.state ORDER BY b.created_at DESC, b.id",
+                limit,
+            )
+        return batch_summaries((row[0], row[1], row[2], row[3], int(row[4])) for row in rows)
 
     async def count_by_state(self) -> dict[State, int]:
         async with self._read() as db:

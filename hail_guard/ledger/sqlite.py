@@ -36,10 +36,11 @@ from hail_guard.errors import (
     RefusedByPolicy,
     SchemaTooNew,
 )
-from hail_guard.ledger import Begin, backfill
+from hail_guard.ledger import Begin, backfill, batch_summaries
 from hail_guard.models import (
     TERMINAL_STATES,
     BatchStatus,
+    BatchSummary,
     DeliveryEvent,
     DeliveryObservation,
     DeliveryState,
@@ -280,6 +281,10 @@ class SqliteLedger:
 
     async def batch_status(self, batch_id: str) -> BatchStatus:
         return await self._run(_batch_status, batch_id)
+
+    async def list_batches(self, *, limit: int = 50) -> list[BatchSummary]:
+        rows = await self._run(_rows, _LIST_BATCHES, (limit,))
+        return batch_summaries((row[0], row[1], _time(row[2]), row[3], int(row[4])) for row in rows)
 
     async def count_by_state(self) -> dict[State, int]:
         rows = await self._run(_rows, "SELECT state, COUNT(*) FROM operations GROUP BY state")
@@ -763,6 +768,13 @@ def _approve_batch(db: sqlite3.Connection, batch_id: str, actor: str) -> int:
     for (operation_id,) in approved:
         _event(db, operation_id, State.PLANNED, State.READY, actor, "batch approved")
     return len(approved)
+
+
+_LIST_BATCHES = (
+    "SELECT b.id, b.name, b.created_at, o.state, COUNT(o.id) "
+    "FROM (SELECT id, name, created_at FROM batches ORDER BY created_at DESC, id LIMIT ?) AS b "
+    "LEFT JOIN operations AS o ON o.batch_id = b.id GROUP BY b.id, o.state ORDER BY b.created_at DESC, b.id"
+)
 
 
 def _batch_status(db: sqlite3.Connection, batch_id: str) -> BatchStatus:

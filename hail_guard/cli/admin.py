@@ -1,0 +1,157 @@
+"""Running and looking after hail-guard: `serve`, `status`, `migrate`, `upstream accept`, `backup`, `prune`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.text import Text
+
+from hail_guard import app, policy
+from hail_guard.cli.parsing import Commands, whole_number
+from hail_guard.cli.signin import signin_line, signin_report
+from hail_guard.cli.terminal import TIME_FORMAT, json_text, labelled, say, terminal_text
+from hail_guard.config import Settings
+from hail_guard.errors import ConfigError
+from hail_guard.ledger import POSTGRES_SCHEMES
+from hail_guard.ledger import migrate as migrate_ledger
+from hail_guard.models import State
+from hail_guard.server import operation_view
+from hail_guard.upstream import UpstreamTarget
+
+
+def add_commands(commands: Commands) -> None:
+    serve = commands.add("serve", help="run the MCP proxy (stdio; or SSE and Streamable HTTP)", run=_serve)
+    serve.add_argument(
+        "--transport",
+        choices=["stdio", "sse", "http"],
+        default="stdio",
+        help="stdio, or HTTP: one server answers Streamable HTTP at /mcp and SSE at /sse",
+    )
+    serve.add_argument("--host", help="HTTP address to bind (default: [http] host, 127.0.0.1)")
+    serve.add_argument("--port", type=whole_number("--port", 0, 65535), help="HTTP port (default: [http] port, 8765)")
+    status = commands.add(
+        "status", help="the ledger and upstream in use, counts by state, the review queue, tool changes", run=_status
+    )
+    status.add_argument("--json", action="store_true", help="print JSON")
+    commands.add("migrate", help="create or upgrade the ledger's schema (SQLite or PostgreSQL)", run=_migrate)
+    upstream = commands.group("upstream", help="upstream tool pinning")
+    accept = upstream.add("accept", help="accept the current look of changed upstream tools", run=_upstream_accept)
+    accept.add_argument("tools", nargs="*", help="tool names (default: every changed tool)")
+    backup = commands.add("backup", help="copy the SQLite ledger, online, to a new file", run=_backup)
+    backup.add_argument("path", help="the new file (never overwritten)")
+    prune = commands.add("prune", help="delete old resolved operations and their history", run=_prune)
+    prune.add_argument(
+        "--older-than", type=float, required=True, metavar="DAYS", help="only operations untouched this many days"
+    )
+
+
+async def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    if args.transport == "stdio":
+        await app.serve_stdio(settings)
+    else:
+        from hail_guard import web
+
+        await web.serve_http_until_signalled(settings, host=args.host, port=args.port)
+    return 0
+
+
+def ledger_shown(url: str) -> str:
+    """The ledger's URL as it may be printed: a PostgreSQL password masked."""
+    if url.startswith(POSTGRES_SCHEMES):
+        from hail_guard.ledger.postgres import describe  # a postgresql:// ledger has asyncpg installed
+
+        return describe(url)[0]
+    return url
+
+
+def upstream_shown(settings: Settings) -> str:
+    """Where hail-guard reads Hail, as it may be printed (no userinfo, query or token)."""
+    upstream = settings.upstream
+    if upstream.kind == "sandbox":
+        return "the built-in sandbox (nothing real is sent)"
+    try:
+        if upstream.kind == "stdio":
+            return UpstreamTarget(kind="stdio", command=tuple(upstream.command or ())).display
+        return f"{UpstreamTarget(kind=upstream.kind, url=upstream.url).display} ({upstream.kind})"
+    except ConfigError as exc:
+        return f"not usable: {exc}"
+
+
+async def _status(args: argparse.Namespace, settings: Settings) -> int:
+    async with app.open_ledger_from(settings) as ledger:
+        await ledger.expire_leases()
+        counts = await ledger.count_by_state()
+        oldest_unknown = await ledger.oldest(State.UNKNOWN)
+        pins = await ledger.tool_pins()
+    by_state = {state.value: count for state, count in sorted(counts.items())}
+    signin = await signin_report(settings)
+    warning = settings.upstream.token_warning(signed_in=signin["method"] == "oauth")
+    report: dict[str, Any] = {
+        "ledger": ledger_shown(settings.ledger.url),
+        "upstream": upstream_shown(settings),
+        "warnings": [warning] if warning is not None else [],
+        "operations": by_state,
+        "oldest_unknown": operation_view(oldest_unknown) if oldest_unknown else None,
+        "review_queue": counts.get(State.NEEDS_REVIEW, 0),
+        "upstream_tools": [
+            {
+                "name": pin.name,
+                "changed": pin.changed,
+                "changed_at": pin.changed_at.isoformat() if pin.changed_at else None,
+            }
+            for pin in pins
+        ],
+        "signin": signin,
+    }
+    if args.json:
+        print(json_text(report, indent=2))
+        return 0
+    say(labelled("ledger", report["ledger"]))
+    say(labelled("upstream", report["upstream"]))
+    for warning in report["warnings"]:
+        say(("warning", "bold red"), ": ", warning)
+    say(labelled("operations", ", ".join(f"{k} {v}" for k, v in by_state.items()) or "none"))
+    say(labelled("review queue", report["review_queue"]))
+    if oldest_unknown is not None:
+        since = oldest_unknown.created_at.strftime(TIME_FORMAT)
+        say(labelled("oldest unknown", oldest_unknown.id), f" since {since}")
+    changed = [terminal_text(pin.name) for pin in pins if pin.changed]
+    say(
+        ("upstream tools", "bold"),
+        f" (as last seen): {len(pins)}",
+        Text(f"; CHANGED since accepted: {', '.join(changed)} (`hail-guard upstream accept`)" if changed else ""),
+    )
+    say(labelled("sign-in", signin_line(signin)))
+    return 0
+
+
+async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
+    version = await migrate_ledger(settings.ledger.url)
+    print(f"the ledger is at schema version {version}")
+    return 0
+
+
+async def _upstream_accept(args: argparse.Namespace, settings: Settings) -> int:
+    async with app.open_ledger_from(settings) as ledger:
+        accepted = await ledger.accept_tools(args.tools or None)
+    print(f"accepted {len(accepted)} changed tool(s): {terminal_text(', '.join(accepted) or 'none')}")
+    return 0
+
+
+async def _backup(args: argparse.Namespace, settings: Settings) -> int:
+    async with app.open_ledger_from(settings) as ledger:
+        count = await ledger.backup(args.path)
+    print(f"backed up {count} operation(s) to {terminal_text(args.path)}")
+    return 0
+
+
+async def _prune(args: argparse.Namespace, settings: Settings) -> int:
+    seconds = policy.prune_age_seconds(args.older_than, key_retention_hours=settings.upstream.key_retention_hours)
+    async with app.open_ledger_from(settings) as ledger:
+        report = await ledger.prune(older_than_seconds=seconds)
+    print(
+        f"pruned {report.operations} resolved operation(s) untouched for {args.older_than:g} day(s), with "
+        f"{report.events} event(s); unresolved operations are kept"
+    )
+    return 0

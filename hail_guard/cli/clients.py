@@ -1,0 +1,231 @@
+"""`hail-guard client-config CLIENT`: the block an MCP client needs to start this hail-guard, and `--write`.
+
+The block names the absolute path of the running install (so it works whatever the client's PATH),
+the upstream URL and the token variable. `--write` merges it into the client's config file: other
+servers are kept, the old file is copied aside first, and a server of the same name is replaced
+only with `--force`. The token itself is never written: Claude Desktop and Cursor get a placeholder
+to replace, VS Code prompts for it once (`inputs`), Claude Code reads it from the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from hail_guard.cli.parsing import Commands
+from hail_guard.config import Settings, UpstreamSettings
+from hail_guard.errors import ConfigError
+
+HAIL_URL: Final = "https://mcp.hail.so"
+TOKEN_PLACEHOLDER: Final = "PASTE-YOUR-HAIL-TOKEN"  # noqa: S105  (a placeholder, not a secret)
+_VSCODE_INPUT: Final = "hail-token"
+
+
+@dataclass(frozen=True)
+class Client:
+    name: str
+    servers_key: str
+    """Where the file keeps its servers: `mcpServers`, or `servers` (VS Code)."""
+    where: str
+    """The config file, as the README names it."""
+
+    def default_path(self) -> Path:
+        if self.name == "claude-desktop":
+            return _claude_desktop_folder() / "claude_desktop_config.json"
+        if self.name == "cursor":
+            return Path.home() / ".cursor" / "mcp.json"
+        if self.name == "vscode":
+            return Path.cwd() / ".vscode" / "mcp.json"
+        return Path.cwd() / ".mcp.json"
+
+
+CLIENTS: Final = {
+    client.name: client
+    for client in (
+        Client("claude-desktop", "mcpServers", "claude_desktop_config.json"),
+        Client("cursor", "mcpServers", "~/.cursor/mcp.json"),
+        Client("vscode", "servers", ".vscode/mcp.json in the workspace"),
+        Client("claude-code", "mcpServers", ".mcp.json in the project (or `claude mcp add`)"),
+    )
+}
+
+
+def _claude_desktop_folder() -> Path:
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / "Claude"
+    if sys.platform == "win32":
+        return Path(os.environ.get("APPDATA", Path.home() / "AppData" / "Roaming")) / "Claude"
+    return Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "Claude"
+
+
+def add_commands(commands: Commands) -> None:
+    names = ", ".join(f"{client.name} ({client.where})" for client in CLIENTS.values())
+    command = commands.add(
+        "client-config",
+        help="print (or --write) the config an MCP client needs to start this hail-guard",
+        description=f"The block an MCP client needs to start this hail-guard. Clients: {names}.",
+        run=_client_config,
+    )
+    command.add_argument("client", choices=list(CLIENTS), help="the MCP client")
+    command.add_argument("--write", action="store_true", help="merge it into the client's config file (keeps a backup)")
+    command.add_argument("--file", type=Path, help="the config file to write (default: the client's usual one)")
+    command.add_argument("--force", action="store_true", help="replace a server of the same name")
+    command.add_argument("--name", default="hail", help="the server's name in the client")
+    command.add_argument("--upstream-url", help=f"Hail's URL (default: [upstream] url, else {HAIL_URL})")
+    command.add_argument("--sandbox", action="store_true", help="use the built-in sandbox: nothing real is sent")
+
+
+def server_entry(args: argparse.Namespace, settings: Settings, *, client: str) -> dict[str, Any]:
+    """The client's entry for this hail-guard: command, arguments and environment."""
+    command, arguments = install_command()
+    config = getattr(args, "config", None)
+    arguments += ["serve", *(["--config", str(Path(config).absolute())] if config else [])]
+    env: dict[str, str] = {}
+    if not args.sandbox:
+        token_env = settings.upstream.token_env
+        env["HAIL_GUARD_UPSTREAM_URL"] = args.upstream_url or settings.upstream.url or HAIL_URL
+        if token_env != UpstreamSettings.model_fields["token_env"].default:
+            env["HAIL_GUARD_UPSTREAM_TOKEN_ENV"] = token_env
+        env[token_env] = {
+            "vscode": f"${{input:{_VSCODE_INPUT}}}",
+            "claude-code": f"${{{token_env}}}",
+        }.get(client, TOKEN_PLACEHOLDER)
+    entry: dict[str, Any] = {"type": "stdio"} if client == "vscode" else {}
+    return {**entry, "command": command, "args": arguments, **({"env": env} if env else {})}
+
+
+def install_command() -> tuple[str, list[str]]:
+    """How to start the running install: its `hail-guard` script, else its Python with `-m hail_guard`."""
+    folder = Path(sys.executable).absolute().parent  # not resolved: a venv's python is a link out of it
+    script = folder / ("hail-guard.exe" if sys.platform == "win32" else "hail-guard")
+    if script.is_file():
+        return str(script), []
+    return str(Path(sys.executable).absolute()), ["-m", "hail_guard"]
+
+
+def config_block(client: str, name: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """The whole file's content for this one server (what `--write` merges)."""
+    block: dict[str, Any] = {CLIENTS[client].servers_key: {name: entry}}
+    if client == "vscode" and f"${{input:{_VSCODE_INPUT}}}" in entry.get("env", {}).values():
+        prompt = {"type": "promptString", "id": _VSCODE_INPUT, "description": "Hail token", "password": True}
+        block = {"inputs": [prompt], **block}
+    return block
+
+
+def merged(existing: dict[str, Any], block: dict[str, Any], *, name: str, force: bool, path: Path) -> dict[str, Any]:
+    """`existing` with the block's server (and inputs) added; refused when `name` differs there, unless `force`."""
+    result = dict(existing)
+    for key, value in block.items():
+        if key == "inputs":
+            inputs = _list_at(existing, key, path)
+            ids = {item.get("id") for item in inputs if isinstance(item, dict)}
+            result[key] = inputs + [item for item in value if item["id"] not in ids]
+            continue
+        servers = _object_at(existing, key, path)
+        if name in servers and servers[name] != value[name] and not force:
+            raise ConfigError(
+                f"{path} already has a server named {name!r}: pass --force to replace it (the old file is kept as "
+                "a backup), or --name to add this one beside it; nothing was written"
+            )
+        result[key] = {**servers, **value}
+    return result
+
+
+def _object_at(existing: dict[str, Any], key: str, path: Path) -> dict[str, Any]:
+    value = existing.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: {key!r} is not an object; fix the file first; nothing was written")
+    return value
+
+
+def _list_at(existing: dict[str, Any], key: str, path: Path) -> list[Any]:
+    value = existing.get(key, [])
+    if not isinstance(value, list):
+        raise ConfigError(f"{path}: {key!r} is not a list; fix the file first; nothing was written")
+    return value
+
+
+def read_config(path: Path) -> dict[str, Any] | None:
+    """The client's config file as it is (None: there is none yet)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}; nothing was written") from exc
+    try:
+        value = json.loads(text) if text.strip() else {}
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc}); fix or move it; nothing was written") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path} does not hold a JSON object; fix or move it; nothing was written")
+    return value
+
+
+def write_config(path: Path, content: dict[str, Any], *, had_file: bool) -> Path | None:
+    """Write `content` to `path` in one step (a temporary file, then a rename); returns the backup made."""
+    backup = None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if had_file:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        backup = path.with_name(f"{path.name}.{stamp}.bak")
+        with open(backup, "xb") as copy:  # never over an earlier backup
+            copy.write(path.read_bytes())
+    mode = path.stat().st_mode & 0o777 if had_file else 0o600  # it may hold a token: private when new
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(json.dumps(content, indent=2) + "\n")
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return backup
+
+
+def claude_code_command(name: str, entry: dict[str, Any]) -> str:
+    """`claude mcp add ...`: the shell line Claude Code takes instead of a file (the token read from the shell)."""
+    words = ["claude mcp add", shlex.quote(name)]
+    for key, value in entry.get("env", {}).items():
+        from_shell = value == f"${{{key}}}"
+        words.append(f'--env {key}="${key}"' if from_shell else f"--env {shlex.quote(f'{key}={value}')}")
+    return " ".join([*words, "--", shlex.join([entry["command"], *entry["args"]])])
+
+
+async def _client_config(args: argparse.Namespace, settings: Settings) -> int:
+    entry = server_entry(args, settings, client=args.client)
+    block = config_block(args.client, args.name, entry)
+    if not args.write:
+        if args.client == "claude-code":  # a shell line; `--write` writes the project's .mcp.json instead
+            print(claude_code_command(args.name, entry))
+        else:
+            print(json.dumps(block, indent=2))
+        _remind(args, entry)
+        return 0
+    path = args.file or CLIENTS[args.client].default_path()
+    existing = read_config(path)
+    content = merged(existing or {}, block, name=args.name, force=args.force, path=path)
+    if existing == content:
+        print(f"{path} already has this {args.name!r} server; nothing to write")
+        return 0
+    backup = write_config(path, content, had_file=existing is not None)
+    print(f"wrote the {args.name!r} server into {path}" + (f" (the old file is kept as {backup})" if backup else ""))
+    _remind(args, entry)
+    return 0
+
+
+def _remind(args: argparse.Namespace, entry: dict[str, Any]) -> None:
+    """What is left to do, on stderr: the placeholder to replace, the client to restart."""
+    if TOKEN_PLACEHOLDER in entry.get("env", {}).values():
+        print(f"next: replace {TOKEN_PLACEHOLDER} with your Hail token, then restart the client", file=sys.stderr)
+    elif args.client == "claude-code" and "env" in entry:
+        print("next: export your Hail token as HAIL_API_KEY where you start `claude`", file=sys.stderr)

@@ -1,0 +1,158 @@
+"""`hail-guard drill` on the command line: its options, a progress bar on stderr, and the report on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+
+from hail_guard.cli.parsing import Commands, whole_number
+from hail_guard.cli.terminal import console, json_text, print_table, progress, say, terminal_text
+from hail_guard.config import Settings
+from hail_guard.logs import configure_logging
+
+if TYPE_CHECKING:
+    from hail_guard.drill import DrillReport
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""`hail-guard drill`: a scenario did not hold."""
+
+
+def add_commands(commands: Commands, argv: Sequence[str]) -> None:
+    rehearsal = commands.add(
+        "drill", help="rehearse the failures against the sandbox: nothing is sent twice", run=drill_command
+    )
+    if "drill" in argv:  # its package (the rehearsals) loads only for it: `serve` starts sooner
+        add_arguments(rehearsal)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from hail_guard import drill
+
+    parser.add_argument(
+        "--leads",
+        type=whole_number("--leads", 1, drill.MAX_LEADS),
+        default=drill.DEFAULT_LEADS,
+        help="leads in the batch scenarios",
+    )
+    parser.add_argument(
+        "--workers",
+        type=whole_number("--workers", 1, drill.MAX_WORKERS),
+        default=drill.DEFAULT_WORKERS,
+        help="workers in scenario 5",
+    )
+    parser.add_argument("--seed", type=int, help="replay a run's random choices (default: a new seed, printed)")
+    parser.add_argument(
+        "--ledger",
+        metavar="URL",
+        help="rehearse on this ledger (e.g. a staging PostgreSQL) instead of throwaway SQLite files; "
+        "the drill's records stay in it, under campaigns named drill-<run> (default: throwaway files)",
+    )
+    parser.add_argument(
+        "--scenario",
+        type=whole_number("--scenario", 1, len(drill.SCENARIOS)),
+        action="append",
+        metavar="N",
+        help="run only scenario N, repeatable (default: all)",
+    )
+    parser.add_argument(
+        "--transport",
+        choices=drill.TRANSPORTS,
+        default="inprocess",
+        help="how the agent reaches hail-guard: in this process, or a spawned `hail-guard serve` over stdio",
+    )
+    parser.add_argument(
+        "--keep",
+        metavar="DIR",
+        type=Path,
+        help="keep the ledgers and outboxes (and serve's logs) in DIR, a new or empty folder (default: thrown away)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="draw no progress bar (none is drawn off a terminal)"
+    )
+
+
+async def drill_command(args: argparse.Namespace, settings: Settings) -> int:
+    """The drill's report on stdout; 0 only when every scenario holds."""
+    report = await run_from_args(args, settings)
+    if args.json:
+        print(json_text(report.to_json(), indent=2))
+    else:
+        print_report(report)
+    return EXIT_OK if report.passed else EXIT_FAILED
+
+
+async def run_from_args(ns: argparse.Namespace, settings: Settings) -> DrillReport:
+    """Run the drill as `hail-guard drill` was asked to; the bar is drawn once the first scenario starts."""
+    from hail_guard.drill import SCENARIOS, DrillOptions, run_drill
+
+    if settings.log.level != "debug":
+        configure_logging("error")  # the faults are deliberate: their warnings would only be noise
+    options = DrillOptions(
+        seed=ns.seed if ns.seed is not None else secrets.randbelow(1_000_000),
+        leads=ns.leads,
+        workers=ns.workers,
+        ledger_url=ns.ledger,
+        scenarios=tuple(sorted(set(ns.scenario or ()))),
+        duplicate_window_hours=settings.guard.duplicate_window_hours or None,
+        busy_timeout_seconds=settings.ledger.busy_timeout_seconds,
+        transport=ns.transport,
+        keep=ns.keep,
+    )
+    with ExitStack() as stack:
+        bar: list[Any] = []
+
+        def started(scenario: Any) -> None:
+            if not bar:
+                total = len(options.scenarios) or len(SCENARIOS)
+                bar.append(stack.enter_context(progress("drill", total=total, enabled=not ns.no_progress)))
+                bar.append(0)
+            bar[0](bar[1], description=f"{scenario.number}. {scenario.name}")
+
+        def finished(_: Any) -> None:
+            bar[1] += 1
+            bar[0](bar[1])
+
+        return await run_drill(options, started=started, finished=finished)
+
+
+def print_report(report: DrillReport) -> None:
+    rows = [
+        (
+            result.number,
+            result.name,
+            result.faults,
+            " -> ".join(result.agent_saw) or None,
+            result.counts(),
+            Text("holds", style="green")
+            if result.holds
+            else Text.assemble(("FAILS", "red"), f": {terminal_text(result.failed_check)}"),
+        )
+        for result in report.scenarios
+    ]
+    print_table(
+        ("#", "scenario", "what the faults did", "what the agent saw", "sent", "verdict"),
+        rows,
+        title="hail-guard drill",
+        caption=(
+            "sent: messages the sandbox accepted; unguarded: the same agent behaviour without hail-guard "
+            "(no key of its own, one retry on an error); guarded: through hail-guard, expected as the scenario says"
+        ),
+    )
+    style = "green" if report.passed else "bold red"
+    console().print(Text(terminal_text(report.summary()), style=style), soft_wrap=True)  # one line, for grep
+    if report.options.keep is not None:
+        say(
+            "kept in ",
+            terminal_text(report.options.keep),
+            ": scenario-NN.db (the ledgers), scenario-NN-outbox.jsonl (what the sandbox accepted), "
+            "scenario-NN-unguarded-outbox.jsonl (the same without hail-guard)"
+            + (", scenario-NN-serve.log (serve's stderr)" if report.options.transport == "stdio" else ""),
+        )

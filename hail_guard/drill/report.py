@@ -1,0 +1,119 @@
+"""The drill's report: each scenario's verdict, its counts with and without hail-guard, and how to replay it.
+
+Plain data, printed by the command line (`hail-guard drill`: a table, or `--json`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from hail_guard.drill.rig import DrillOptions
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    number: int
+    name: str
+    faults: str
+    """What the faults did (and what the agent did), in one line."""
+    expected: int
+    """Messages the sandbox should have accepted."""
+    sent: int
+    """Messages the sandbox really accepted (its outbox)."""
+    failed_check: str | None
+    """The first check that did not hold, or the error the scenario raised; None: it holds."""
+    seconds: float
+    without_guard: int | None = None
+    """Messages a second sandbox accepted from the same agent behaviour without hail-guard (None: not run)."""
+    agent_saw: tuple[str, ...] = ()
+    """What the agent was answered, step by step (`unknown`, `reconcile -> accepted`, ...)."""
+
+    @property
+    def holds(self) -> bool:
+        return self.failed_check is None
+
+    @property
+    def verdict(self) -> str:
+        return "holds" if self.holds else "fails"
+
+    def counts(self) -> str:
+        """`unguarded: 2 sent, guarded: 1 sent`."""
+        unguarded = "-" if self.without_guard is None else str(self.without_guard)
+        return f"unguarded: {unguarded} sent, guarded: {self.sent} sent"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "name": self.name,
+            "faults": self.faults,
+            "expected": self.expected,
+            "sent": self.sent,
+            "without_guard": None if self.without_guard is None else {"sent": self.without_guard},
+            "agent_saw": list(self.agent_saw),
+            "verdict": self.verdict,
+            "failed_check": self.failed_check,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass(frozen=True)
+class DrillReport:
+    options: DrillOptions
+    scenarios: list[ScenarioResult]
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return all(result.holds for result in self.scenarios)
+
+    def replay_command(self) -> str:
+        options = self.options
+        words = ["hail-guard drill", f"--seed {options.seed}", f"--leads {options.leads}"]
+        words.append(f"--workers {options.workers}")
+        if options.transport != "inprocess":
+            words.append(f"--transport {options.transport}")
+        if options.ledger_url is not None:
+            words.append(f"--ledger {display_url(options.ledger_url)}")
+        words += [f"--scenario {result.number}" for result in self.scenarios if not result.holds]
+        return " ".join(words)
+
+    def summary(self) -> str:
+        options = self.options
+        setting = f"seed {options.seed}, {options.leads} leads, {options.workers} workers, {self.seconds:.1f} s"
+        if options.transport != "inprocess":
+            setting += f", over {options.transport}"
+        if self.passed:
+            held = f"All {len(self.scenarios)} scenarios hold" if len(self.scenarios) > 1 else "The scenario holds"
+            return f"{held}: nobody got a message twice and nothing was lost ({setting})."
+        failed = [str(result.number) for result in self.scenarios if not result.holds]
+        return (
+            f"{len(failed)} of {len(self.scenarios)} scenarios FAIL ({', '.join(failed)}; {setting}). "
+            f"Replay: {self.replay_command()}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        options = self.options
+        return {
+            "seed": options.seed,
+            "leads": options.leads,
+            "workers": options.workers,
+            "transport": options.transport,
+            "ledger": display_url(options.ledger_url) if options.ledger_url else None,
+            "kept": str(options.keep) if options.keep is not None else None,
+            "passed": self.passed,
+            "seconds": round(self.seconds, 3),
+            "summary": self.summary(),
+            "replay": self.replay_command(),
+            "scenarios": [result.to_json() for result in self.scenarios],
+        }
+
+
+def display_url(url: str) -> str:
+    """A ledger URL safe to print: no password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return parts._replace(netloc=netloc).geturl()

@@ -1,0 +1,152 @@
+"""`hail-guard client-config CLIENT [--write]`: a block that starts this install, merged without losing anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import pytest
+from mcp import Client, StdioServerParameters
+
+from hail_guard.cli import main
+from hail_guard.cli.clients import TOKEN_PLACEHOLDER, install_command
+
+OTHER = {"command": "npx", "args": ["-y", "some-other-server"]}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(autouse=True)
+def _no_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HAIL_GUARD_CONFIG", "HAIL_GUARD_UPSTREAM_URL", "HAIL_GUARD_UPSTREAM_TOKEN_ENV"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_the_block_names_this_install_by_its_absolute_path_the_upstream_and_the_token_variable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(capsys, "client-config", "claude-desktop")
+    entry = json.loads(out)["mcpServers"]["hail"]
+    command, arguments = install_command()
+    assert code == 0
+    assert Path(entry["command"]).is_absolute()
+    assert Path(entry["command"]).exists()
+    assert [entry["command"], *entry["args"]] == [command, *arguments, "serve"]
+    assert entry["env"] == {"HAIL_GUARD_UPSTREAM_URL": "https://mcp.hail.so", "HAIL_API_KEY": TOKEN_PLACEHOLDER}
+    assert f"replace {TOKEN_PLACEHOLDER}" in err
+
+
+def test_the_configured_upstream_and_config_file_are_carried_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "hail-guard.toml"
+    config.write_text('[upstream]\nurl = "http://hail.internal:8081/"\ntoken_env = "MY_HAIL_TOKEN"\n')
+    code, out, _ = run(capsys, "client-config", "vscode", "--config", str(config))
+    block = json.loads(out)
+    entry = block["servers"]["hail"]
+    assert (code, entry["type"]) == (0, "stdio")
+    assert entry["args"][-3:] == ["serve", "--config", str(config)]
+    assert entry["env"] == {
+        "HAIL_GUARD_UPSTREAM_URL": "http://hail.internal:8081/",
+        "HAIL_GUARD_UPSTREAM_TOKEN_ENV": "MY_HAIL_TOKEN",
+        "MY_HAIL_TOKEN": "${input:hail-token}",
+    }
+    assert block["inputs"] == [
+        {"type": "promptString", "id": "hail-token", "description": "Hail token", "password": True}
+    ]
+
+
+def test_claude_code_gets_a_shell_line_that_reads_the_token_from_the_shell(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "client-config", "claude-code")
+    words = shlex.split(out)
+    assert (code, words[:4]) == (0, ["claude", "mcp", "add", "hail"])
+    assert '--env HAIL_API_KEY="$HAIL_API_KEY"' in out
+    command, arguments = install_command()
+    assert words[words.index("--") + 1 :] == [command, *arguments, "serve"]
+
+
+def test_write_merges_into_an_existing_file_keeping_other_servers_and_a_backup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "claude_desktop_config.json"
+    original = {"mcpServers": {"other": OTHER}, "theme": "dark"}
+    path.write_text(json.dumps(original))
+    code, out, _ = run(capsys, "client-config", "claude-desktop", "--write", "--file", str(path))
+    written = json.loads(path.read_text())
+    assert code == 0
+    assert written["theme"] == "dark"
+    assert set(written["mcpServers"]) == {"other", "hail"}
+    assert written["mcpServers"]["other"] == OTHER
+    [backup] = tmp_path.glob("claude_desktop_config.json.*.bak")
+    assert json.loads(backup.read_text()) == original
+    assert str(backup) in out
+
+
+def test_write_creates_a_private_file_when_there_is_none(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "new" / ".cursor" / "mcp.json"
+    code, _, _ = run(capsys, "client-config", "cursor", "--write", "--file", str(path))
+    assert code == 0
+    assert set(json.loads(path.read_text())["mcpServers"]) == {"hail"}
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert list(path.parent.glob("*.bak")) == []
+
+
+def test_a_server_of_the_same_name_is_replaced_only_with_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"hail": OTHER}}))
+    code, _, err = run(capsys, "client-config", "cursor", "--write", "--file", str(path))
+    assert code == 1
+    assert "already has a server named 'hail': pass --force" in err
+    assert json.loads(path.read_text()) == {"mcpServers": {"hail": OTHER}}
+    assert list(tmp_path.glob("*.bak")) == []
+    code, _, _ = run(capsys, "client-config", "cursor", "--write", "--file", str(path), "--force")
+    assert code == 0
+    assert json.loads(path.read_text())["mcpServers"]["hail"]["args"][-1] == "serve"
+    assert len(list(tmp_path.glob("*.bak"))) == 1
+
+
+def test_writing_the_same_server_again_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "mcp.json"
+    assert run(capsys, "client-config", "vscode", "--write", "--file", str(path))[0] == 0
+    before = path.read_text()
+    code, out, _ = run(capsys, "client-config", "vscode", "--write", "--file", str(path))
+    assert (code, path.read_text()) == (0, before)
+    assert "nothing to write" in out
+    assert len(json.loads(before)["inputs"]) == 1
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"mcpServers": []}'])
+def test_a_file_that_cannot_be_merged_is_left_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str
+) -> None:
+    path = tmp_path / "mcp.json"
+    path.write_text(content)
+    code, _, err = run(capsys, "client-config", "cursor", "--write", "--file", str(path))
+    assert code == 1
+    assert "nothing was written" in err
+    assert path.read_text() == content
+    assert [p.name for p in tmp_path.iterdir()] == ["mcp.json"]
+
+
+async def test_the_written_server_starts_and_serves_the_sandbox(tmp_path: Path) -> None:
+    """What a client does with the block: spawn the command with its arguments and environment."""
+    path = tmp_path / "mcp.json"
+    argv = ["client-config", "cursor", "--sandbox", "--write", "--file", str(path)]
+    assert await anyio.to_thread.run_sync(main, argv) == 0
+    entry: dict[str, Any] = json.loads(path.read_text())["mcpServers"]["hail"]
+    assert "env" not in entry
+    env = {"HAIL_GUARD_LEDGER_URL": f"sqlite:///{tmp_path / 'ledger.db'}", "HOME": os.environ.get("HOME", "")}
+    params = StdioServerParameters(command=entry["command"], args=entry["args"], env=env, cwd=str(tmp_path))
+    async with Client(params, mode="legacy") as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+    assert {"send_email", "reconcile"} <= names
