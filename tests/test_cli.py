@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hail_guard.cli import main
+from hail_guard.cli import parser as cli_parser
 
 CONSENTED = {
     "to": ["lead@example.com"],
@@ -143,3 +148,288 @@ def test_status_shows_counts_and_the_review_queue(config: Path, capsys: pytest.C
     code, out, _ = run(capsys, "status", "--json")
     report = json.loads(out)
     assert (code, report["operations"], report["review_queue"], report["oldest_unknown"]) == (0, {}, 0, None)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def sandbox_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Built-in sandbox upstream, a ledger in tmp_path, no approval: what a new user has."""
+    path = tmp_path / "hail-guard.toml"
+    path.write_text(
+        f'[ledger]\nurl = "sqlite:///{tmp_path / "ledger.db"}"\n'
+        f'[upstream]\nsandbox_outbox = "{tmp_path / "outbox.jsonl"}"\n[delivery]\npoll = false\n'
+        '[log]\nlevel = "warning"\n'
+    )
+    monkeypatch.setenv("HAIL_GUARD_CONFIG", str(path))
+    for name in ("HAIL_GUARD_UPSTREAM_URL", "HAIL_GUARD_LEDGER_URL"):
+        monkeypatch.delenv(name, raising=False)
+    return path
+
+
+def readme_block(language: str, after: str) -> str:
+    """The first ```language block of the README after the text `after`, verbatim."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"```{language}\n", text.index(after)) + len(language) + 4
+    return text[start : text.index("```", start)]
+
+
+def test_the_readme_csv_example_plans_and_every_row_is_accepted(
+    sandbox_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    leads = tmp_path / "leads.csv"
+    leads.write_text(readme_block("csv", "**Batch files.**"))
+    code, out, err = run(capsys, "batch", "plan", str(leads), "--name", "spring")
+    assert code == 0, err
+    planned = json.loads(out)
+    assert planned["next_step"] == f"hail-guard batch run {planned['batch_id']}"
+    assert run(capsys, "batch", "run", planned["batch_id"])[0] == 0
+    code, out, _ = run(capsys, "batch", "status", planned["batch_id"], "--json")
+    rows = len(leads.read_text().splitlines()) - 1
+    assert json.loads(out)["counts"] == {"accepted": rows}
+    sent = [json.loads(line) for line in (tmp_path / "outbox.jsonl").read_text().splitlines()]
+    assert sorted(entry["tool"] for entry in sent) == ["send_email", "send_sms"]
+
+
+def test_batch_plan_names_the_next_command_for_a_batch_waiting_for_approval(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"tool": "send_email", "arguments": CONSENTED}) + "\n")
+    planned = json.loads(run(capsys, "batch", "plan", str(batch))[1])
+    assert planned["next_step"] == f"hail-guard batch approve {planned['batch_id']}"
+
+
+def leaf_commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """Every command line's words (`ops list`) with its parser, walking the subcommands."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found += leaf_commands(child, (*path, name))
+    return found or [(path, parser)]
+
+
+def every_command() -> list[tuple[tuple[str, ...], Any]]:
+    words = ["drill", "sandbox"]  # their options load only when named
+    return leaf_commands(cli_parser(words))
+
+
+def minimal_argv(parser: argparse.ArgumentParser) -> list[str]:
+    """The fewest arguments this command accepts: its positionals and required options."""
+    argv: list[str] = []
+    for action in parser._actions:
+        value = str(next(iter(action.choices))) if action.choices else "1"
+        if not action.option_strings and action.nargs in (None, 1):
+            argv.append(value)
+        elif action.option_strings and action.required:
+            argv += [action.option_strings[0], value]
+    return argv
+
+
+def test_global_options_go_before_or_after_every_command(tmp_path: Path) -> None:
+    config = str(tmp_path / "c.toml")
+    for path, command in every_command():
+        rest = minimal_argv(command)
+        parser = cli_parser(path)
+        assert parser.parse_args([*path, *rest, "--config", config]).config == config, path
+        assert parser.parse_args(["--config", config, *path, *rest]).config == config, path
+        assert not hasattr(parser.parse_args([*path, *rest]), "config"), path
+        assert "--config FILE" in command.format_help(), path
+
+
+def option_help(command: argparse.ArgumentParser, option: str) -> str:
+    """The help of one option as `--help` prints it (its lines up to the next option)."""
+    lines = command.format_help().splitlines()
+    start = next(n for n, line in enumerate(lines) if line.strip().startswith(option))
+    rest = [lines[start]]
+    for line in lines[start + 1 :]:
+        if line.strip().startswith("-") or not line.startswith(" "):
+            break
+        rest.append(line)
+    return " ".join(" ".join(rest).split())
+
+
+def test_every_option_says_its_default_in_help() -> None:
+    quiet = (argparse._HelpAction, argparse._VersionAction, argparse._StoreTrueAction)
+    for path, command in every_command():
+        for action in command._actions:
+            if action.option_strings and not isinstance(action, quiet):
+                text = option_help(command, action.option_strings[-1])
+                assert "default" in text or "(required)" in text, (path, text)
+
+
+def test_sandbox_help_lists_every_fault_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    from hail_guard.sandbox import FAULT_KINDS
+
+    with pytest.raises(SystemExit) as done:
+        main(["sandbox", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert [kind for kind in FAULT_KINDS if f"  {kind}" not in out] == []
+
+
+def test_reconcile_help_describes_its_argument(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["reconcile", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "ID_OR_KEY an operation id or an idempotency key (default: every unknown send that is due)" in out
+
+
+def test_reconcile_review_and_ops_take_an_id_or_a_key(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_operator_commands import REVIEW_WHY, in_review
+
+    key = "spring:lead9:email:intro"
+    operation_id = in_review(f"sqlite:///{tmp_path / 'ledger.db'}", key)
+    for reference in (operation_id, key):
+        shown = json.loads(run(capsys, "ops", "show", reference, "--json")[1])
+        assert (shown["operation_id"], shown["review_reason"]) == (operation_id, REVIEW_WHY)
+    code, out, err = run(capsys, "reconcile", key, "--json")
+    assert (code, [view["operation_id"] for view in json.loads(out)]) == (0, [operation_id]), err
+    code, out, _ = run(capsys, "review", "resolve", key, "--as", "failed", "--reason", "Hail shows none", "--by", "me")
+    assert (code, out.strip()) == (0, f"{operation_id} resolved as failed by me")
+
+
+def test_tables_never_cut_an_id_or_a_key(config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.test_operator_commands import in_review
+
+    key = "a-very-long-campaign-name:" + "lead-" * 20 + "1:email:intro"
+    operation_id = in_review(f"sqlite:///{tmp_path / 'ledger.db'}", key)
+    for argv in (["ops", "list"], ["review", "list"], ["ops", "list", "--wide"]):
+        code, out, _ = run(capsys, *argv)
+        lines = out.splitlines()
+        assert code == 0
+        assert any(key in line and operation_id in line for line in lines), argv
+        assert "…" not in out
+
+
+def test_a_table_wraps_other_columns_before_it_folds_an_id() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from hail_guard.cli.terminal import Column, print_table
+
+    out = StringIO()
+    ids = ("6f1c2a3e-0000-4000-8000-000000000001", "campaign_042:lead_018:email:intro")
+    rows = [(*ids, "a long reason that has to wrap over several lines to fit", "accepted")]
+    terminal = Console(file=out, width=100, force_terminal=True, color_system=None)
+    print_table(
+        (Column("operation", whole=True), Column("key", whole=True), "why", "state"), rows, title="t", out=terminal
+    )
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert any(ids[0] in line and ids[1] in line for line in lines)
+    assert sum("│" in line for line in lines) > 1  # the reason wrapped
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_no_progress_bar_off_a_terminal_with_no_progress_or_before_an_argument_error(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"tool": "send_email", "arguments": CONSENTED}) + "\n")
+    batch_id = json.loads(run(capsys, "batch", "plan", str(batch))[1])["batch_id"]
+    run(capsys, "batch", "approve", batch_id)
+
+    def stderr_of(*argv: str) -> str:
+        terminal = Terminal()
+        with monkeypatch.context() as patched:
+            patched.setattr(sys, "stderr", terminal)
+            main(list(argv))
+        capsys.readouterr()
+        return terminal.getvalue()
+
+    assert "sending batch-nope" not in stderr_of("batch", "run", "batch-nope")
+    assert "no batch batch-nope" in stderr_of("batch", "run", "batch-nope")
+    assert "sending" not in stderr_of("batch", "run", batch_id, "--no-progress")
+    code, _, err = run(capsys, "batch", "run", batch_id)  # stderr is not a terminal here
+    assert (code, "sending" in err, "━" in err) == (0, False, False)
+
+
+def test_the_bar_is_drawn_on_a_terminal(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"tool": "send_email", "arguments": CONSENTED}) + "\n")
+    batch_id = json.loads(run(capsys, "batch", "plan", str(batch))[1])["batch_id"]
+    run(capsys, "batch", "approve", batch_id)
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["batch", "run", batch_id]) == 0
+    assert f"sending {batch_id}" in terminal.getvalue()
+
+
+def test_batch_list_shows_each_batch_with_its_name_and_counts(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"tool": "send_email", "arguments": CONSENTED}) + "\n")
+    first = json.loads(run(capsys, "batch", "plan", str(batch), "--name", "spring")[1])["batch_id"]
+    other = {**CONSENTED, "to": ["b@example.com"], "metadata": {**CONSENTED["metadata"], "lead_id": "l2"}}
+    batch.write_text(json.dumps({"tool": "send_email", "arguments": other}) + "\n")
+    second = json.loads(run(capsys, "batch", "plan", str(batch))[1])["batch_id"]
+    code, out, _ = run(capsys, "batch", "list", "--json")
+    listed = [json.loads(line) for line in out.splitlines()]
+    assert code == 0
+    assert [(b["batch_id"], b["name"], b["counts"], b["total"]) for b in listed] == [
+        (second, None, {"planned": 1}, 1),
+        (first, "spring", {"planned": 1}, 1),
+    ]
+    code, out, _ = run(capsys, "batch", "list")
+    assert (code, first in out, second in out, "spring" in out, "planned 1" in out) == (0, True, True, True, True)
+
+
+def test_status_names_the_ledger_and_the_upstream(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = json.loads(run(capsys, "status", "--json")[1])
+    assert report["ledger"] == f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert report["upstream"] == "the built-in sandbox (nothing real is sent)"
+    assert report["warnings"] == []
+    code, out, _ = run(capsys, "status")
+    assert (code, f"ledger: sqlite:///{tmp_path / 'ledger.db'}" in out) == (0, True)
+
+
+def test_status_warns_when_an_upstream_is_set_and_its_token_is_not(
+    config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HAIL_GUARD_UPSTREAM_URL", "https://user:pw@hail.example/?k=v")
+    monkeypatch.setenv("HAIL_API_KEY", "")
+    report = json.loads(run(capsys, "status", "--json")[1])
+    assert report["upstream"] == "https://hail.example/ (http)"
+    [warning] = report["warnings"]
+    assert warning.startswith("HAIL_API_KEY is not set")
+    assert "warning: HAIL_API_KEY is not set" in run(capsys, "status")[1]
+    monkeypatch.setenv("HAIL_API_KEY", "a-token")
+    assert json.loads(run(capsys, "status", "--json")[1])["warnings"] == []
+
+
+def test_a_postgresql_ledger_is_named_with_its_password_masked() -> None:
+    from hail_guard.cli.admin import ledger_shown
+
+    assert (
+        ledger_shown("postgresql://hg:s3cret@db:5432/hg?password=s3cret")
+        == "postgresql://hg:***@db:5432/hg?password=***"
+    )
+
+
+def test_starting_with_an_upstream_but_no_token_warns_on_stderr_naming_the_variable(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hail_guard.app import upstream_target
+    from hail_guard.config import load_settings
+
+    monkeypatch.delenv("HAIL_API_KEY", raising=False)
+    upstream_target(load_settings(None, environ={"HAIL_GUARD_UPSTREAM_URL": "https://mcp.hail.so"}))
+    assert "HAIL_API_KEY is not set" in capsys.readouterr().err
+    monkeypatch.setenv("HAIL_API_KEY", "a-token")
+    upstream_target(load_settings(None, environ={"HAIL_GUARD_UPSTREAM_URL": "https://mcp.hail.so"}))
+    assert "is not set" not in capsys.readouterr().err

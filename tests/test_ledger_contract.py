@@ -10,7 +10,7 @@ import pytest
 
 from hail_guard import delivery, keys
 from hail_guard.errors import LeaseLost, NotFound, ProbableDuplicate, RefusedByPolicy, Suppressed
-from hail_guard.ledger import Ledger
+from hail_guard.ledger import Ledger, find_operation
 from hail_guard.models import (
     DeliveryObservation,
     DeliveryState,
@@ -180,6 +180,14 @@ async def test_lookups_by_id_key_state_and_campaign(ledger: Ledger) -> None:
         await ledger.get("missing")
 
 
+async def test_an_operation_is_found_by_its_id_or_its_key_and_only_a_missing_one_is_missing(ledger: Ledger) -> None:
+    op = (await ledger.begin_send(intent(), owner="w1", lease_seconds=60)).operation
+    assert (await find_operation(ledger, op.id)).id == op.id
+    assert (await find_operation(ledger, op.idempotency_key)).id == op.id
+    with pytest.raises(NotFound, match="no operation has the id or key 'nope'"):
+        await find_operation(ledger, "nope")
+
+
 async def test_the_stored_request_is_the_exact_text_given(ledger: Ledger) -> None:
     given = intent()
     op = (await ledger.begin_send(given, owner="w1", lease_seconds=60)).operation
@@ -204,6 +212,20 @@ async def test_a_batch_is_planned_whole_and_claimed_in_order(ledger: Ledger) -> 
     assert [op.idempotency_key for op in claimed] == ["b:0", "b:1"]
     assert all(op.state is State.SENDING and op.lease_owner == "w1" and op.attempts == 1 for op in claimed)
     assert (await ledger.batch_status("B1")).counts == {State.READY: 3, State.SENDING: 2}
+
+
+async def test_batches_are_listed_newest_first_with_their_counts(ledger: Ledger) -> None:
+    assert await ledger.list_batches() == []
+    await ledger.plan_batch(batch_id="B1", name="spring", intents=batch_intents(3), state=State.READY, actor="op")
+    await ledger.plan_batch(batch_id="B2", name=None, intents=batch_intents(2, "c"), state=State.PLANNED, actor="op")
+    await ledger.claim_ready(owner="w1", lease_seconds=60, batch_id="B1", limit=1)
+    listed = await ledger.list_batches()
+    assert [(b.batch_id, b.name, b.counts, b.total) for b in listed] == [
+        ("B2", None, {State.PLANNED: 2}, 2),
+        ("B1", "spring", {State.READY: 2, State.SENDING: 1}, 3),
+    ]
+    assert listed[0].created_at >= listed[1].created_at
+    assert [b.batch_id for b in await ledger.list_batches(limit=1)] == ["B2"]
 
 
 async def test_a_batch_with_a_known_key_plans_nothing(ledger: Ledger) -> None:

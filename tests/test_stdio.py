@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 import httpx2
-from mcp import Client, StdioServerParameters
+from mcp import Client, StdioServerParameters, stdio_client
 
 from tests.conftest import data, email, text
 
@@ -102,6 +102,20 @@ async def test_a_hang_after_acceptance_over_stdio_is_unknown_then_reconciled(tmp
         [view] = data(settled)["reconciled"]
         assert view["state"] == "accepted"
         assert [line["id"] for line in outbox_lines(outbox)] == [view["provider_id"]]
+
+
+async def test_serve_takes_its_config_after_the_command_and_warns_that_the_token_is_missing(tmp_path: Path) -> None:
+    """`hail-guard serve --config FILE`, as client configs are written; no HAIL_API_KEY in its environment."""
+    async with running_sandbox(tmp_path) as (url, outbox):
+        params = serve_params(tmp_path, url)
+        config = str(tmp_path / "hail-guard.toml")
+        params = params.model_copy(update={"args": ["-m", "hail_guard", "serve", "--config", config]})
+        with (tmp_path / "serve.log").open("w") as errlog:
+            async with Client(stdio_client(params, errlog=errlog), mode="legacy") as agent:
+                sent = await agent.call_tool("send_email", email())
+        assert data(sent)["hail_guard"]["state"] == "accepted"
+        assert [line["idempotency_key"] for line in outbox_lines(outbox)] == [KEY]
+    assert "HAIL_API_KEY is not set" in (tmp_path / "serve.log").read_text()
 
 
 def pids_running(marker: str) -> list[int]:

@@ -303,6 +303,25 @@ async def test_serve_http_from_settings_serves_until_cancelled(tmp_path: Path) -
     assert len((tmp_path / "outbox.jsonl").read_text().splitlines()) == 1
 
 
+async def test_readiness_says_when_hail_has_a_url_but_no_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a token a Hail that checks tokens refuses every send: shown, not failed (a self-hosted
+    Hail may not check)."""
+    from hail_guard.sandbox import serve_http as serve_sandbox
+
+    monkeypatch.delenv("HAIL_API_KEY", raising=False)
+    async with anyio.create_task_group() as tg:
+        hail = await tg.start(serve_sandbox, Sandbox(), "127.0.0.1", 0, None)
+        settings = settings_in(tmp_path).model_copy(update={"upstream": UpstreamSettings(url=hail)})
+        url = await tg.start(partial(serve_http, settings, port=0))
+        async with httpx2.AsyncClient() as http:
+            ready = await http.get(f"{url}readyz")
+        tg.cancel_scope.cancel()
+    assert ready.status_code == 200
+    assert ready.json()["status"] == "ready"
+    [warning] = ready.json()["warnings"]
+    assert warning.startswith("HAIL_API_KEY is not set")
+
+
 async def test_health_and_readiness_need_no_token(tmp_path: Path) -> None:
     async with running(tmp_path) as web, httpx2.AsyncClient() as http:
         health = await http.get(f"{web.url}healthz")

@@ -639,9 +639,9 @@ class PostgresLedger:
         async with self._read() as db:
             rows = await db.fetch(
                 "SELECT b.id, b.name, b.created_at, o.state, count(o.id) "
-                "FROM (SELECT id, name, created_at FROM batches ORDER BY created_at DESC, id LIMIT $1) AS b "
+                "FROM (SELECT id, name, created_at FROM batches ORDER BY created_at DESC, id DESC LIMIT $1) AS b "
                 "LEFT JOIN operations AS o ON o.batch_id = b.id "
-                "GROUP BY b.id, b.name, b.created_at, o.state ORDER BY b.created_at DESC, b.id",
+                "GROUP BY b.id, b.name, b.created_at, o.state ORDER BY b.created_at DESC, b.id DESC",
                 limit,
             )
         return batch_summaries((row[0], row[1], row[2], row[3], int(row[4])) for row in rows)

@@ -772,8 +772,8 @@ def _approve_batch(db: sqlite3.Connection, batch_id: str, actor: str) -> int:
 
 _LIST_BATCHES = (
     "SELECT b.id, b.name, b.created_at, o.state, COUNT(o.id) "
-    "FROM (SELECT id, name, created_at FROM batches ORDER BY created_at DESC, id LIMIT ?) AS b "
-    "LEFT JOIN operations AS o ON o.batch_id = b.id GROUP BY b.id, o.state ORDER BY b.created_at DESC, b.id"
+    "FROM (SELECT id, name, created_at FROM batches ORDER BY created_at DESC, id DESC LIMIT ?) AS b "
+    "LEFT JOIN operations AS o ON o.batch_id = b.id GROUP BY b.id, o.state ORDER BY b.created_at DESC, b.id DESC"
 )
 
 
