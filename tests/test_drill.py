@@ -54,11 +54,14 @@ def command(*argv: str) -> argparse.Namespace:
 
 
 async def test_the_command_with_the_default_leads_prints_a_table_and_exits_0(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # a row per line
     code = await command_line.drill_command(command("--seed", "42"), Settings())
     out = capsys.readouterr().out
     assert code == command_line.EXIT_OK
+    assert re.search(r"│ unknown -> reconcile -> accepted +│ unguarded: 2 sent, guarded: 1 sent +│ holds", out)
+    assert "unguarded: 101 sent, guarded: 100 sent" in out  # the batch that dies and is resumed
     assert "All 12 scenarios hold: nobody got a message twice and nothing was lost" in out
     assert "seed 42, 100 leads, 2 workers" in out
     assert "workers claim" in out
@@ -354,3 +357,38 @@ async def test_a_scenario_fails_when_its_protection_is_switched_off(
     assert result.failed_check is not None
     assert not result.failed_check.startswith("error:"), result.failed_check  # a check failed, not the drill
     assert "did not finish" not in result.failed_check
+
+
+@pytest.mark.timeout(240)  # thirteen `hail-guard serve` processes start, one after another
+async def test_the_drill_runs_through_a_spawned_serve_over_stdio_and_keeps_what_it_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # a row per line
+    keep = tmp_path / "kept"
+    argv = ("--transport", "stdio", "--leads", str(SMALL), "--seed", "6", "--keep", str(keep))
+    code = await command_line.drill_command(command(*argv), Settings())
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == command_line.EXIT_OK, out
+    assert "All 12 scenarios hold" in out
+    assert "over stdio" in out
+    assert f"kept in {keep}" in out
+    assert re.search(r"│ unknown -> reconcile -> accepted +│ unguarded: 2 sent, guarded: 1 sent +│ holds", out)
+    outbox = [json.loads(line) for line in (keep / "scenario-01-outbox.jsonl").read_text().splitlines()]
+    unguarded = (keep / "scenario-01-unguarded-outbox.jsonl").read_text().splitlines()
+    assert (len(outbox), len(unguarded)) == (1, 2)
+    assert (keep / "scenario-01.db").is_file()
+    assert "proxy_ready" in (keep / "scenario-01-serve.log").read_text()  # the spawned serve's own log
+
+
+async def test_the_drill_over_stdio_holds_on_postgresql(postgres_server: PostgresServer) -> None:
+    async with postgres_server.database() as url:
+        options = DrillOptions(seed=3, leads=SMALL, ledger_url=url, transport="stdio", scenarios=(1, 3, 6, 9))
+        report = await run_drill(options)
+    assert report.passed, report.summary()
+
+
+async def test_keep_refuses_a_folder_that_is_not_empty(tmp_path: Path) -> None:
+    (tmp_path / "something").write_text("mine")
+    with pytest.raises(ConfigError, match="give a new or empty folder"):
+        await run_drill(DrillOptions(seed=1, scenarios=(4,), keep=tmp_path))
+    assert [p.name for p in tmp_path.iterdir()] == ["something"]

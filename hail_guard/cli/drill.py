@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import secrets
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 
@@ -17,7 +18,7 @@ from hail_guard.config import Settings
 from hail_guard.logs import configure_logging
 
 if TYPE_CHECKING:
-    from hail_guard.drill import DrillReport
+    from hail_guard.drill import DrillReport, Scenario, ScenarioResult
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -93,8 +94,6 @@ async def run_from_args(ns: argparse.Namespace, settings: Settings) -> DrillRepo
     """Run the drill as `hail-guard drill` was asked to; the bar is drawn once the first scenario starts."""
     from hail_guard.drill import SCENARIOS, DrillOptions, run_drill
 
-    if settings.log.level != "debug":
-        configure_logging("error")  # the faults are deliberate: their warnings would only be noise
     options = DrillOptions(
         seed=ns.seed if ns.seed is not None else secrets.randbelow(1_000_000),
         leads=ns.leads,
@@ -107,20 +106,48 @@ async def run_from_args(ns: argparse.Namespace, settings: Settings) -> DrillRepo
         keep=ns.keep,
     )
     with ExitStack() as stack:
-        bar: list[Any] = []
+        if settings.log.level != "debug":  # the faults are deliberate: their warnings would only be noise
+            configure_logging("error")
+            stack.enter_context(_quiet(*_THEIR_LOGGERS))
+        bar = _Bar(stack, total=len(options.scenarios) or len(SCENARIOS), enabled=not ns.no_progress)
+        return await run_drill(options, started=bar.started, finished=bar.finished)
 
-        def started(scenario: Any) -> None:
-            if not bar:
-                total = len(options.scenarios) or len(SCENARIOS)
-                bar.append(stack.enter_context(progress("drill", total=total, enabled=not ns.no_progress)))
-                bar.append(0)
-            bar[0](bar[1], description=f"{scenario.number}. {scenario.name}")
 
-        def finished(_: Any) -> None:
-            bar[1] += 1
-            bar[0](bar[1])
+class _Bar:
+    """The drill's progress on stderr, drawn once the first scenario starts (never before an error)."""
 
-        return await run_drill(options, started=started, finished=finished)
+    def __init__(self, stack: ExitStack, *, total: int, enabled: bool) -> None:
+        self._stack, self._total, self._enabled = stack, total, enabled
+        self._advance: Callable[..., None] | None = None
+        self._done = 0
+
+    def started(self, scenario: Scenario) -> None:
+        if self._advance is None:
+            self._advance = self._stack.enter_context(progress("drill", total=self._total, enabled=self._enabled))
+        self._advance(self._done, description=f"{scenario.number}. {scenario.name}")
+
+    def finished(self, result: ScenarioResult) -> None:
+        self._done += 1
+        if self._advance is not None:
+            self._advance(self._done)
+
+
+_THEIR_LOGGERS = ("mcp", "uvicorn", "httpx2")
+"""The libraries' own loggers: over stdio the sandbox serves HTTP, and a dropped connection is logged."""
+
+
+@contextmanager
+def _quiet(*names: str) -> Iterator[None]:
+    """Only critical records from these loggers while the drill runs."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def print_report(report: DrillReport) -> None:
@@ -149,10 +176,17 @@ def print_report(report: DrillReport) -> None:
     style = "green" if report.passed else "bold red"
     console().print(Text(terminal_text(report.summary()), style=style), soft_wrap=True)  # one line, for grep
     if report.options.keep is not None:
-        say(
-            "kept in ",
-            terminal_text(report.options.keep),
-            ": scenario-NN.db (the ledgers), scenario-NN-outbox.jsonl (what the sandbox accepted), "
-            "scenario-NN-unguarded-outbox.jsonl (the same without hail-guard)"
-            + (", scenario-NN-serve.log (serve's stderr)" if report.options.transport == "stdio" else ""),
-        )
+        say("kept in ", terminal_text(report.options.keep), ": ", _kept(report))
+
+
+def _kept(report: DrillReport) -> str:
+    """What `--keep` left in its folder."""
+    options = report.options
+    files = [] if options.ledger_url is not None else ["scenario-NN.db (the ledgers)"]
+    files += [
+        "scenario-NN-outbox.jsonl (what the sandbox accepted)",
+        "scenario-NN-unguarded-outbox.jsonl (the same agent without hail-guard)",
+    ]
+    if options.transport == "stdio":
+        files.append("scenario-NN-serve.log (serve's stderr)")
+    return ", ".join(files)
