@@ -147,8 +147,9 @@ async def _ops_show(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     for name, value in operation_view(operation).items():
         say(labelled(name, value))
-    rows = [(e["at"], e["from_state"], e["to_state"], e["actor"], e["reason"]) for e in history]
-    print_table(("at", "from", "to", "who", "why"), rows, title="history", wide=args.wide)
+    rows = [(e.at.strftime(TIME_FORMAT), e.from_state, e.to_state, e.actor, e.reason) for e in events]
+    columns = ("at", "from", "to", Column("who", whole=True), "why")
+    print_table(columns, rows, title="history", wide=args.wide)
     if deliveries:
         received = [
             (

@@ -98,15 +98,15 @@ def print_table(
     out = out or console()
     heads = [column if isinstance(column, Column) else Column(column) for column in columns]
     cells = [[value if isinstance(value, Text) else shown(value) for value in row] for row in rows]
-    natural = [
-        max([len(Text(head.header)), *(cell.cell_len for cell in column)]) for head, column in _by_column(heads, cells)
-    ]
-    widths = natural if wide else _fitted(heads, natural, out.width)
+    columns_of = list(_by_column(heads, cells))
+    natural = [max([len(head.header), *(cell.cell_len for cell in column)]) for head, column in columns_of]
+    words = [_longest_word([Text(head.header), *column]) for head, column in columns_of]
+    widths = natural if wide else _fitted(heads, natural, words, out.width)
     table = _table(heads, widths, title, caption)
     for row in cells:
         table.add_row(*row)
     total = sum(widths) + 3 * len(widths) + 1
-    if widths is natural and total > out.width:
+    if total > out.width:
         out = Console(file=out.file, width=total, highlight=False, force_terminal=out.is_terminal)
     out.print(table)
 
@@ -116,18 +116,23 @@ def _by_column(heads: Sequence[Column], cells: Sequence[Sequence[Text]]) -> Iter
         yield head, [row[index] for row in cells]
 
 
-def _fitted(heads: Sequence[Column], natural: list[int], width: int) -> list[int]:
-    """Widths that fit `width`: ids whole, the widest other columns narrowed first; `natural` if none fit."""
+def _fitted(heads: Sequence[Column], natural: list[int], words: list[int], width: int) -> list[int]:
+    """Widths that fit `width`: ids whole; the widest other columns narrowed first, down to their longest
+    word (wrapped between words), then, if need be, further (folded); `natural` if even that does not fit."""
     room = width - 3 * len(heads) - 1 - sum(w for head, w in zip(heads, natural, strict=True) if head.whole)
-    others = [w for head, w in zip(heads, natural, strict=True) if not head.whole]
-    if sum(others) <= room:
-        return natural
-    if sum(min(w, NARROWEST) for w in others) > room:
-        return natural
-    cap = max(w for w in others)
-    while sum(min(w, cap) for w in others) > room:
-        cap -= 1
-    return [w if head.whole else min(w, cap) for head, w in zip(heads, natural, strict=True)]
+    others = [index for index, head in enumerate(heads) if not head.whole]
+    between_words = {i: min(natural[i], max(words[i], NARROWEST)) for i in others}
+    folded = {i: min(natural[i], NARROWEST) for i in others}
+    for floors in (between_words, folded):
+        for cap in range(max([natural[i] for i in others], default=0), -1, -1):
+            narrowed = {i: max(floors[i], min(natural[i], cap)) for i in others}
+            if sum(narrowed.values()) <= room:
+                return [narrowed.get(index, w) for index, w in enumerate(natural)]
+    return natural
+
+
+def _longest_word(texts: Sequence[Text]) -> int:
+    return max((len(word) for text in texts for word in text.plain.split()), default=0)
 
 
 def _table(heads: Sequence[Column], widths: Sequence[int], title: str, caption: str | None) -> Table:
