@@ -119,7 +119,8 @@ async def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json_text([operation_view(op) for op in settled], indent=2))
     else:
-        print_operations(settled, title=f"reconciled {len(settled)} operation(s)", wide=args.wide)
+        title = "as it stands after reconcile" if args.reference else f"reconciled {len(settled)} operation(s)"
+        print_operations(settled, title=title, wide=args.wide)
     return 0
 
 
