@@ -30,7 +30,7 @@ _VSCODE_INPUT: Final = "hail-token"
 
 
 @dataclass(frozen=True)
-class Client:
+class McpClient:
     name: str
     servers_key: str
     """Where the file keeps its servers: `mcpServers`, or `servers` (VS Code)."""
@@ -50,10 +50,10 @@ class Client:
 CLIENTS: Final = {
     client.name: client
     for client in (
-        Client("claude-desktop", "mcpServers", "claude_desktop_config.json"),
-        Client("cursor", "mcpServers", "~/.cursor/mcp.json"),
-        Client("vscode", "servers", ".vscode/mcp.json in the workspace"),
-        Client("claude-code", "mcpServers", ".mcp.json in the project (or `claude mcp add`)"),
+        McpClient("claude-desktop", "mcpServers", "claude_desktop_config.json"),
+        McpClient("cursor", "mcpServers", "~/.cursor/mcp.json"),
+        McpClient("vscode", "servers", ".vscode/mcp.json in the workspace"),
+        McpClient("claude-code", "mcpServers", ".mcp.json in the project (or `claude mcp add`)"),
     )
 }
 

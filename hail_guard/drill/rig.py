@@ -16,6 +16,7 @@ Hail's tools as changed. `Run` collects what a scenario did and what the agent s
 from __future__ import annotations
 
 import json
+import os
 import random
 import secrets
 import sys
@@ -292,12 +293,9 @@ class _Served:
     def _log(self, stack: AsyncExitStack) -> TextIO:
         """Where serve's stderr goes: a file kept with `--keep`, else nowhere."""
         if self.drill.options.keep is None:
-            return stack.enter_context(open(_DEVNULL, "w", encoding="utf-8"))
+            return stack.enter_context(open(os.devnull, "w", encoding="utf-8"))
         path = self.drill.folder / f"scenario-{self.number:02d}-serve.log"
         return stack.enter_context(path.open("a", encoding="utf-8"))
-
-
-_DEVNULL: Final = "/dev/null"
 
 
 def data(result: types.CallToolResult) -> dict[str, Any]:
