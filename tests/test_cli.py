@@ -421,15 +421,31 @@ def test_a_postgresql_ledger_is_named_with_its_password_masked() -> None:
     )
 
 
-def test_starting_with_an_upstream_but_no_token_warns_on_stderr_naming_the_variable(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_a_url_without_a_token_or_a_sign_in_is_warned_of_naming_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hail_guard.app import upstream_target
-    from hail_guard.config import load_settings
+    """What `serve` logs at start-up, `status` and `/readyz` show (the spawned serve: tests/test_stdio.py)."""
+    from datetime import UTC, datetime
 
+    from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+
+    from hail_guard.app import credentials_warning
+    from hail_guard.config import load_settings
+    from hail_guard.oauth import SignInRecord, TokenStore
+
+    url, folder = "https://mcp.hail.so", str(tmp_path / "signin")
+    settings = load_settings(None, environ={"HAIL_GUARD_UPSTREAM_URL": url, "HAIL_GUARD_UPSTREAM_SIGNIN_DIR": folder})
     monkeypatch.delenv("HAIL_API_KEY", raising=False)
-    upstream_target(load_settings(None, environ={"HAIL_GUARD_UPSTREAM_URL": "https://mcp.hail.so"}))
-    assert "HAIL_API_KEY is not set" in capsys.readouterr().err
-    monkeypatch.setenv("HAIL_API_KEY", "a-token")
-    upstream_target(load_settings(None, environ={"HAIL_GUARD_UPSTREAM_URL": "https://mcp.hail.so"}))
-    assert "is not set" not in capsys.readouterr().err
+    warning = credentials_warning(settings)
+    assert warning is not None
+    assert warning.startswith("HAIL_API_KEY is not set")
+    assert "hail-guard login" in warning
+    client = OAuthClientInformationFull(client_id="hg", redirect_uris=["http://127.0.0.1/callback"])
+    signed_in = SignInRecord(
+        upstream=url, tokens=OAuthToken(access_token="a"), client=client, signed_in_at=datetime.now(UTC)
+    )
+    TokenStore(url, folder).save(signed_in)
+    assert credentials_warning(settings) is None
+    TokenStore(url, folder).forget()
+    monkeypatch.setenv("HAIL_API_KEY", "a-key")
+    assert credentials_warning(settings) is None

@@ -25,12 +25,13 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 @pytest.fixture(autouse=True)
-def _no_config(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("HAIL_GUARD_CONFIG", "HAIL_GUARD_UPSTREAM_URL", "HAIL_GUARD_UPSTREAM_TOKEN_ENV"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HAIL_GUARD_UPSTREAM_SIGNIN_DIR", str(tmp_path / "signin"))
 
 
-def test_the_block_names_this_install_by_its_absolute_path_the_upstream_and_the_token_variable(
+def test_the_block_names_this_install_by_its_absolute_path_and_hosted_hail_needs_a_sign_in_not_a_key(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     code, out, err = run(capsys, "client-config", "claude-desktop")
@@ -40,15 +41,51 @@ def test_the_block_names_this_install_by_its_absolute_path_the_upstream_and_the_
     assert Path(entry["command"]).is_absolute()
     assert Path(entry["command"]).exists()
     assert [entry["command"], *entry["args"]] == [command, *arguments, "serve"]
-    assert entry["env"] == {"HAIL_GUARD_UPSTREAM_URL": "https://mcp.hail.so", "HAIL_API_KEY": TOKEN_PLACEHOLDER}
+    assert entry["env"] == {"HAIL_GUARD_UPSTREAM_URL": "https://mcp.hail.so"}
+    assert "next: run `hail-guard login` as this user, then restart the client" in err
+
+
+def test_a_self_hosted_hail_gets_the_key_variable_with_a_placeholder_never_the_key(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HAIL_API_KEY", "the-real-key")
+    code, out, err = run(capsys, "client-config", "cursor", "--upstream-url", "http://hail.internal:8081/")
+    entry = json.loads(out)["mcpServers"]["hail"]
+    assert code == 0
+    assert entry["env"] == {"HAIL_GUARD_UPSTREAM_URL": "http://hail.internal:8081/", "HAIL_API_KEY": TOKEN_PLACEHOLDER}
+    assert "the-real-key" not in out + err
     assert f"replace {TOKEN_PLACEHOLDER}" in err
+    hosted = json.loads(run(capsys, "client-config", "cursor", "--api-key")[1])["mcpServers"]["hail"]
+    assert hosted["env"]["HAIL_API_KEY"] == TOKEN_PLACEHOLDER
+
+
+def test_an_upstream_signed_in_to_needs_no_key_and_no_reminder_to_sign_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from datetime import UTC, datetime
+
+    from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+
+    from hail_guard.oauth import SignInRecord, TokenStore
+
+    url = "http://hail.internal:8081/"
+    client = OAuthClientInformationFull(client_id="hg", redirect_uris=["http://127.0.0.1/callback"])
+    record = SignInRecord(
+        upstream=url, tokens=OAuthToken(access_token="a"), client=client, signed_in_at=datetime.now(UTC)
+    )
+    TokenStore(url, tmp_path / "signin").save(record)
+    code, out, err = run(capsys, "client-config", "vscode", "--upstream-url", url)
+    block = json.loads(out)
+    assert code == 0
+    assert block == {"servers": {"hail": {**block["servers"]["hail"], "env": {"HAIL_GUARD_UPSTREAM_URL": url}}}}
+    assert "next: restart the client" in err
 
 
 def test_the_configured_upstream_and_config_file_are_carried_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = tmp_path / "hail-guard.toml"
-    config.write_text('[upstream]\nurl = "http://hail.internal:8081/"\ntoken_env = "MY_HAIL_TOKEN"\n')
+    config.write_text('[upstream]\nurl = "http://hail.internal:8081/"\ntoken_env = "MY_HAIL_TOKEN"\n')  # self-hosted
     code, out, _ = run(capsys, "client-config", "vscode", "--config", str(config))
     block = json.loads(out)
     entry = block["servers"]["hail"]
@@ -65,7 +102,7 @@ def test_the_configured_upstream_and_config_file_are_carried_over(
 
 
 def test_claude_code_gets_a_shell_line_that_reads_the_token_from_the_shell(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "client-config", "claude-code")
+    code, out, _ = run(capsys, "client-config", "claude-code", "--api-key")
     words = shlex.split(out)
     assert (code, words[:4]) == (0, ["claude", "mcp", "add", "hail"])
     assert '--env HAIL_API_KEY="$HAIL_API_KEY"' in out
@@ -117,9 +154,10 @@ def test_a_server_of_the_same_name_is_replaced_only_with_force(
 
 def test_writing_the_same_server_again_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "mcp.json"
-    assert run(capsys, "client-config", "vscode", "--write", "--file", str(path))[0] == 0
+    argv = ("client-config", "vscode", "--api-key", "--write", "--file", str(path))
+    assert run(capsys, *argv)[0] == 0
     before = path.read_text()
-    code, out, _ = run(capsys, "client-config", "vscode", "--write", "--file", str(path))
+    code, out, _ = run(capsys, *argv)
     assert (code, path.read_text()) == (0, before)
     assert "nothing to write" in out
     assert len(json.loads(before)["inputs"]) == 1

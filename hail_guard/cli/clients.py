@@ -1,10 +1,12 @@
 """`hail-guard client-config CLIENT`: the block an MCP client needs to start this hail-guard, and `--write`.
 
-The block names the absolute path of the running install (so it works whatever the client's PATH),
-the upstream URL and the token variable. `--write` merges it into the client's config file: other
-servers are kept, the old file is copied aside first, and a server of the same name is replaced
-only with `--force`. The token itself is never written: Claude Desktop and Cursor get a placeholder
-to replace, VS Code prompts for it once (`inputs`), Claude Code reads it from the environment.
+The block names the absolute path of the running install (so it works whatever the client's PATH)
+and the upstream URL. Hosted Hail, and an upstream `hail-guard login` signed in to, need nothing
+more: the client's hail-guard uses the stored sign-in. An upstream that takes a static key (a
+self-hosted Hail, or `--api-key`) also gets the key's variable, never the key: Claude Desktop and
+Cursor get a placeholder to replace, VS Code prompts for it once (`inputs`), Claude Code reads it
+from the environment. `--write` merges the block into the client's config file: other servers are
+kept, the old file is copied aside first, and a server of the same name is replaced only with `--force`.
 """
 
 from __future__ import annotations
@@ -17,8 +19,12 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
+
+import anyio.to_thread
+import httpx2
 
 from hail_guard.cli.parsing import Commands
 from hail_guard.config import Settings, UpstreamSettings
@@ -81,24 +87,59 @@ def add_commands(commands: Commands) -> None:
     command.add_argument("--name", default="hail", help="the server's name in the client")
     command.add_argument("--upstream-url", help=f"Hail's URL (default: [upstream] url, else {HAIL_URL})")
     command.add_argument("--sandbox", action="store_true", help="use the built-in sandbox: nothing real is sent")
+    command.add_argument(
+        "--api-key",
+        action="store_true",
+        help="the upstream takes a static key (self-hosted Hail does; hosted Hail signs in with `hail-guard login`)",
+    )
 
 
-def server_entry(args: argparse.Namespace, settings: Settings, *, client: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Upstream:
+    """Where the client's hail-guard reads Hail, and how it gets in."""
+
+    url: str | None
+    """None: the built-in sandbox."""
+    takes_key: bool
+    """A static key in the token variable (self-hosted Hail); else a sign-in (`hail-guard login`)."""
+    signed_in: bool = False
+
+
+def upstream_of(args: argparse.Namespace, settings: Settings) -> Upstream:
+    """The upstream the entry names. Hosted Hail, or an upstream signed in to, needs no key. Reads the
+    sign-in file: call it off the event loop."""
+    if args.sandbox:
+        return Upstream(url=None, takes_key=False)
+    url = args.upstream_url or settings.upstream.url or HAIL_URL
+    signed_in = _signed_in(url, settings)
+    hosted = httpx2.URL(url).host == httpx2.URL(HAIL_URL).host
+    return Upstream(url=url, takes_key=args.api_key or not (hosted or signed_in), signed_in=signed_in)
+
+
+def _signed_in(url: str, settings: Settings) -> bool:
+    from hail_guard.oauth import TokenStore  # here: only this check needs the sign-in store
+
+    try:
+        return TokenStore(url, settings.upstream.signin_dir).load() is not None
+    except ConfigError:
+        return False
+
+
+def server_entry(args: argparse.Namespace, settings: Settings, upstream: Upstream) -> dict[str, Any]:
     """The client's entry for this hail-guard: command, arguments and environment."""
     command, arguments = install_command()
     config = getattr(args, "config", None)
     arguments += ["serve", *(["--config", str(Path(config).absolute())] if config else [])]
-    env: dict[str, str] = {}
-    if not args.sandbox:
+    env: dict[str, str] = {} if upstream.url is None else {"HAIL_GUARD_UPSTREAM_URL": upstream.url}
+    if upstream.takes_key:
         token_env = settings.upstream.token_env
-        env["HAIL_GUARD_UPSTREAM_URL"] = args.upstream_url or settings.upstream.url or HAIL_URL
         if token_env != UpstreamSettings.model_fields["token_env"].default:
             env["HAIL_GUARD_UPSTREAM_TOKEN_ENV"] = token_env
         env[token_env] = {
             "vscode": f"${{input:{_VSCODE_INPUT}}}",
             "claude-code": f"${{{token_env}}}",
-        }.get(client, TOKEN_PLACEHOLDER)
-    entry: dict[str, Any] = {"type": "stdio"} if client == "vscode" else {}
+        }.get(args.client, TOKEN_PLACEHOLDER)
+    entry: dict[str, Any] = {"type": "stdio"} if args.client == "vscode" else {}
     return {**entry, "command": command, "args": arguments, **({"env": env} if env else {})}
 
 
@@ -202,30 +243,42 @@ def claude_code_command(name: str, entry: dict[str, Any]) -> str:
 
 
 async def _client_config(args: argparse.Namespace, settings: Settings) -> int:
-    entry = server_entry(args, settings, client=args.client)
+    upstream = await anyio.to_thread.run_sync(upstream_of, args, settings)
+    entry = server_entry(args, settings, upstream)
     block = config_block(args.client, args.name, entry)
     if not args.write:
         if args.client == "claude-code":  # a shell line; `--write` writes the project's .mcp.json instead
             print(claude_code_command(args.name, entry))
         else:
             print(json.dumps(block, indent=2))
-        _remind(args, entry)
+        _remind(args, upstream, settings.upstream.token_env)
         return 0
     path = args.file or CLIENTS[args.client].default_path()
-    existing = read_config(path)
+    existing = await anyio.to_thread.run_sync(read_config, path)
     content = merged(existing or {}, block, name=args.name, force=args.force, path=path)
     if existing == content:
         print(f"{path} already has this {args.name!r} server; nothing to write")
         return 0
-    backup = write_config(path, content, had_file=existing is not None)
+    backup = await anyio.to_thread.run_sync(partial(write_config, path, content, had_file=existing is not None))
     print(f"wrote the {args.name!r} server into {path}" + (f" (the old file is kept as {backup})" if backup else ""))
-    _remind(args, entry)
+    _remind(args, upstream, settings.upstream.token_env)
     return 0
 
 
-def _remind(args: argparse.Namespace, entry: dict[str, Any]) -> None:
-    """What is left to do, on stderr: the placeholder to replace, the client to restart."""
-    if TOKEN_PLACEHOLDER in entry.get("env", {}).values():
-        print(f"next: replace {TOKEN_PLACEHOLDER} with your Hail token, then restart the client", file=sys.stderr)
-    elif args.client == "claude-code" and "env" in entry:
-        print("next: export your Hail token as HAIL_API_KEY where you start `claude`", file=sys.stderr)
+def _remind(args: argparse.Namespace, upstream: Upstream, token_env: str) -> None:
+    """What is left to do, on stderr: the key to give, or the sign-in to make; then a restart."""
+    if upstream.url is None:
+        step = "restart the client (it sends to the built-in sandbox: nothing real is sent)"
+    elif not upstream.takes_key:
+        step = (
+            "restart the client"
+            if upstream.signed_in
+            else "run `hail-guard login` as this user, then restart the client"
+        )
+    elif args.client == "claude-code":
+        step = f"export your Hail key as {token_env} where you start `claude`"
+    elif args.client == "vscode":
+        step = "restart VS Code; it asks for the Hail key once"
+    else:
+        step = f"replace {TOKEN_PLACEHOLDER} with your Hail key, then restart the client"
+    print(f"next: {step}", file=sys.stderr)
