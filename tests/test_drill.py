@@ -97,7 +97,7 @@ async def test_every_scenario_holds_on_a_small_batch_and_the_json_parses(capsys:
     saw = {s["number"]: " -> ".join(s["agent_saw"]) for s in report["scenarios"]}
     assert saw[2] == "unknown -> reconcile -> accepted"
     assert saw[1] == "unknown -> unknown (from the ledger) -> reconcile -> accepted"
-    assert saw[11] == "unknown -> send_email: refused (probable duplicate) -> reconcile -> accepted"
+    assert saw[11] == "unknown -> unknown (from the ledger) -> reconcile -> accepted"
     assert report["replay"] == f"hail-guard drill --seed 5 --leads {SMALL} --workers 3"
 
 
