@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import anyio
 import anyio.abc

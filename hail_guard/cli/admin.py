@@ -13,11 +13,11 @@ from hail_guard.cli.signin import signin_line, signin_report
 from hail_guard.cli.terminal import TIME_FORMAT, json_text, labelled, say, terminal_text
 from hail_guard.config import Settings
 from hail_guard.errors import ConfigError
-from hail_guard.ledger import POSTGRES_SCHEMES
 from hail_guard.ledger import migrate as migrate_ledger
 from hail_guard.models import State
 from hail_guard.server import operation_view
 from hail_guard.upstream import UpstreamTarget
+from hail_guard.urls import display_url
 
 
 def add_commands(commands: Commands) -> None:
@@ -57,12 +57,8 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def ledger_shown(url: str) -> str:
-    """The ledger's URL as it may be printed: a PostgreSQL password masked."""
-    if url.startswith(POSTGRES_SCHEMES):
-        from hail_guard.ledger.postgres import describe  # a postgresql:// ledger has asyncpg installed
-
-        return describe(url)[0]
-    return url
+    """The ledger's URL as it may be printed: rebuilt from its parts, never with a password (`urls.display_url`)."""
+    return display_url(url)
 
 
 def upstream_shown(settings: Settings) -> str:

@@ -37,7 +37,7 @@ from hail_guard.config import Settings
 from hail_guard.errors import ConfigError, RefusedByPolicy
 from hail_guard.ledger import find_operation
 from hail_guard.models import Operation, State
-from hail_guard.server import delivery_view, next_step, operation_view
+from hail_guard.server import delivery_view, next_step, operation_view, request_view
 
 _STATES = [state.value for state in State]
 REFERENCE_HELP = "an operation id or an idempotency key"
@@ -143,7 +143,7 @@ async def _ops_show(args: argparse.Namespace, settings: Settings) -> int:
         deliveries = delivery_view(await ledger.delivery_events(operation.id))
     history = [event.model_dump(mode="json", exclude={"operation_id"}) for event in events]
     if args.json:
-        shown = {**operation_view(operation), "request": operation.arguments(), "history": history}
+        shown = {**operation_view(operation), "request": request_view(operation), "history": history}
         print(json_text({**shown, "delivery_events": deliveries}, indent=2))
         return 0
     for name, value in operation_view(operation).items():
@@ -238,7 +238,8 @@ def _csv_writer(out: TextIO) -> Callable[[Operation], None]:
 
 def _jsonl_writer(out: TextIO) -> Callable[[Operation], None]:
     def write(operation: Operation) -> None:
-        out.write(json_text(operation.model_dump(mode="json")) + "\n")
+        values = {**operation.model_dump(mode="json"), "request": keys.canonical_json(request_view(operation))}
+        out.write(json_text(values) + "\n")
 
     return write
 
@@ -261,7 +262,10 @@ def _since(text: str) -> datetime:
     """`--since`: an ISO 8601 date or time (UTC unless it says), or an age such as 7d, 12h, 30m."""
     age = _AGE.match(text.strip().lower())
     if age is not None:
-        return datetime.now(UTC) - timedelta(**{_AGE_UNITS[age.group(2)]: float(age.group(1))})
+        try:
+            return datetime.now(UTC) - timedelta(**{_AGE_UNITS[age.group(2)]: float(age.group(1))})
+        except OverflowError:
+            raise argparse.ArgumentTypeError(f"{text!r} reaches back before the year 1; give a smaller age") from None
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:

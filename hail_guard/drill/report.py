@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
+from hail_guard import urls
 from hail_guard.drill.rig import DrillOptions
 
 
@@ -111,9 +111,5 @@ class DrillReport:
 
 
 def display_url(url: str) -> str:
-    """A ledger URL safe to print: no password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return parts._replace(netloc=netloc).geturl()
+    """A ledger URL safe to print: scheme, host, port and database only (`urls.display_url`)."""
+    return urls.display_url(url)
