@@ -412,13 +412,10 @@ def test_status_warns_when_an_upstream_is_set_and_its_token_is_not(
     assert json.loads(run(capsys, "status", "--json")[1])["warnings"] == []
 
 
-def test_a_postgresql_ledger_is_named_with_its_password_masked() -> None:
+def test_a_postgresql_ledger_is_named_without_its_user_or_password() -> None:
     from hail_guard.cli.admin import ledger_shown
 
-    assert (
-        ledger_shown("postgresql://hg:s3cret@db:5432/hg?password=s3cret")
-        == "postgresql://hg:***@db:5432/hg?password=***"
-    )
+    assert ledger_shown("postgresql://hg:s3cret@db:5432/hg?password=s3cret") == "postgresql://db:5432/hg"
 
 
 def test_a_url_without_a_token_or_a_sign_in_is_warned_of_naming_the_variable(
