@@ -28,10 +28,6 @@ class State(StrEnum):
     CANCELLED = "cancelled"
 
 
-TERMINAL_STATES = frozenset({State.ACCEPTED, State.FAILED, State.CANCELLED})
-UNRESOLVED_STATES = frozenset({State.SENDING, State.UNKNOWN, State.NEEDS_REVIEW})
-
-
 class DeliveryState(StrEnum):
     """What happened to a message after Hail accepted it (see `hail_guard.delivery` for their order)."""
 

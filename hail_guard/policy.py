@@ -19,7 +19,8 @@ import jsonschema
 
 from hail_guard import keys, nesting
 from hail_guard.errors import KeyConflict, ProbableDuplicate, RefusedByPolicy, Suppressed
-from hail_guard.models import UNRESOLVED_STATES, Answer, AnswerKind, Intent, Operation, Outcome, State, Suppression
+from hail_guard.lifecycle import LIVE, UNRESOLVED
+from hail_guard.models import Answer, AnswerKind, Intent, Operation, Outcome, State, Suppression
 
 DEFAULT_RETRY_AFTER_SECONDS = 30.0
 """A rate limit that names no wait waits this long; auth and no-free-number answers may retry at once."""
@@ -367,11 +368,6 @@ def suppressed_refusal(recipients: Sequence[str], channel: str) -> Suppressed:
     )
 
 
-LIVE_STATES = frozenset({State.PLANNED, State.READY, State.SENDING, State.UNKNOWN, State.ACCEPTED, State.NEEDS_REVIEW})
-"""A send whose message one of these operations already carries for a recipient repeats it (within the window).
-So does one closed by an operator after it may have left (`Operation.may_have_left`)."""
-
-
 def blocks(operation: Operation, *, allow_duplicate: bool) -> bool:
     """Whether `operation` (the same message to a shared recipient) stops a new one being recorded.
 
@@ -379,13 +375,13 @@ def blocks(operation: Operation, *, allow_duplicate: bool) -> bool:
     be sending or may have been sent unseen: `sending`, `unknown`, `needs_review`.
     """
     if allow_duplicate:
-        return operation.state in UNRESOLVED_STATES
-    return operation.state in LIVE_STATES or operation.may_have_left
+        return operation.state in UNRESOLVED
+    return operation.state in LIVE or operation.may_have_left
 
 
 def blocking_states(*, allow_duplicate: bool) -> tuple[list[str], bool]:
     """`blocks` for SQL: the states that block, and whether an operator's close after sending does."""
-    states = UNRESOLVED_STATES if allow_duplicate else LIVE_STATES
+    states = UNRESOLVED if allow_duplicate else LIVE
     return sorted(state.value for state in states), not allow_duplicate
 
 

@@ -207,18 +207,6 @@ async def find_operation(ledger: Ledger, reference: str) -> Operation:
     return found
 
 
-def batch_summaries(rows: Iterable[tuple[str, str | None, datetime, str | None, int]]) -> list[BatchSummary]:
-    """Fold (batch id, name, created at, state, count) rows, in batch order, into summaries."""
-    summaries: dict[str, BatchSummary] = {}
-    for batch_id, name, created_at, state, count in rows:
-        summary = summaries.setdefault(
-            batch_id, BatchSummary(batch_id=batch_id, name=name, created_at=created_at, counts={})
-        )
-        if state is not None:
-            summary.counts[State(state)] = count
-    return list(summaries.values())
-
-
 POSTGRES_SCHEMES = ("postgres://", "postgresql://")
 
 

@@ -1,0 +1,528 @@
+"""What both ledger backends do alike, written once over their named statements.
+
+`LedgerCore` is the half of the `Ledger` protocol that is the same on SQLite and PostgreSQL: reads,
+opt-outs, batches' approval and status, delivery and webhooks, the review queue, pruning and tool
+pins. Each runs as one `Tx` of the backend (`_read`, `_write`), calling statements by name
+(`hail_guard.ledger.sql`): a statement of one name takes the same parameters on both dialects, and
+rows come back as mappings that `operation_of` and pydantic read alike (SQLite's epoch floats are
+UTC datetimes to pydantic, its JSON is text as PostgreSQL's is). A backend adds the send path
+(`begin_send`, claims, outcomes, lease expiry, batch planning), where the dialects really differ.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+
+from hail_guard import delivery, lifecycle, policy, recipients
+from hail_guard.errors import NotFound, RefusedByPolicy, SchemaTooNew
+from hail_guard.models import (
+    BatchStatus,
+    BatchSummary,
+    DeliveryEvent,
+    DeliveryObservation,
+    Event,
+    Intent,
+    Operation,
+    Outcome,
+    PruneReport,
+    State,
+    Suppression,
+    ToolPin,
+    Webhook,
+    WebhookOutcome,
+)
+
+Row = Mapping[str, Any]
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+LEASE_EXPIRED = "lease expired while sending: the request may have left"
+PLAN_CHUNK = 500
+"""Sends staged per round trip while planning a batch."""
+
+
+class Tx(Protocol):
+    """Statements by name, in one transaction of a backend (or outside one, for reads)."""
+
+    async def rows(self, name: str, *args: Any) -> list[Row]: ...
+
+    async def row(self, name: str, *args: Any) -> Row | None: ...
+
+    async def run(self, name: str, *args: Any) -> int:
+        """Run a statement; returns how many rows it changed."""
+
+    async def run_many(self, name: str, args: Sequence[Sequence[Any]]) -> None: ...
+
+
+Work = Callable[Concatenate[Tx, _P], Awaitable[_T]]
+
+
+def operation_of(row: Row) -> Operation:
+    """An operation from a row holding `sql.OPERATION_COLUMNS` (and maybe more): JSON read from its text."""
+    values = dict(row)
+    for name in ("recipients", "result", "sender"):
+        if isinstance(values.get(name), str):
+            values[name] = json.loads(values[name])
+    return Operation.model_validate(values)
+
+
+def as_time(value: Any) -> datetime:
+    """A time as a backend gives it (epoch seconds on SQLite), as a UTC datetime."""
+    return value if isinstance(value, datetime) else datetime.fromtimestamp(float(value), tz=UTC)
+
+
+def epoch(moment: datetime | None) -> float | None:
+    """A time as both dialects take it in a parameter: Unix epoch seconds."""
+    return moment.timestamp() if moment is not None else None
+
+
+def intent_values(intent: Intent) -> tuple[Any, ...]:
+    """An intent as the parameters 2 to 14 of `insert_operation` (and of each backend's first step)."""
+    return (
+        intent.idempotency_key,
+        intent.tool,
+        intent.channel,
+        json.dumps(list(intent.recipients)),
+        json.dumps(recipients.keys_of(intent.recipients)),
+        intent.request,
+        intent.request_fingerprint,
+        intent.content_fingerprint,
+        intent.sender,
+        intent.campaign_id,
+        intent.lead_id,
+        intent.message_id,
+        intent.batch_id,
+    )
+
+
+def outcome_values(outcome: Outcome) -> tuple[Any, ...]:
+    """An outcome as the first parameters of each backend's `record_outcome` (1 to 8)."""
+    return (
+        outcome.state.value,
+        outcome.provider_id,
+        json.dumps(outcome.result) if outcome.result is not None else None,
+        outcome.error,
+        outcome.review_reason,
+        0 if outcome.attempted else 1,
+        outcome.not_before_seconds,
+        outcome.check_after_seconds,
+    )
+
+
+def match_args(intent: Intent, window_seconds: float) -> tuple[Any, ...]:
+    """The parameters of `matches`: operations that block `intent` being recorded (`policy.blocks`)."""
+    states, closed_block = policy.blocking_states(allow_duplicate=intent.allow_duplicate)
+    return (
+        intent.content_fingerprint,
+        json.dumps(list(intent.recipients)),
+        intent.idempotency_key,
+        intent.tool,
+        json.dumps(states),
+        closed_block,
+        window_seconds,
+        intent.sender,
+    )
+
+
+def opt_out_probes(reached: Sequence[str], channel: str) -> list[str]:
+    """The opt-out keys a send to `reached` is checked against (`recipients.keys_of`)."""
+    return recipients.keys_of(reached, channel)
+
+
+def must_row(rows: Sequence[Row], operation_id: str) -> Row:
+    if not rows:
+        raise not_found(operation_id)
+    return rows[0]
+
+
+def batch_summaries(rows: Iterable[tuple[str, str | None, datetime, str | None, int]]) -> list[BatchSummary]:
+    """Fold (batch id, name, created at, state, count) rows, in batch order, into summaries."""
+    summaries: dict[str, BatchSummary] = {}
+    for batch_id, name, created_at, state, count in rows:
+        summary = summaries.setdefault(
+            batch_id, BatchSummary(batch_id=batch_id, name=name, created_at=created_at, counts={})
+        )
+        if state is not None:
+            summary.counts[State(state)] = count
+    return list(summaries.values())
+
+
+def not_found(operation_id: str) -> NotFound:
+    return NotFound(f"no operation {operation_id}; list them with `hail-guard ops list`")
+
+
+def migrations(dialect: str) -> list[tuple[int, str]]:
+    """(version, SQL) for every migration shipped for `dialect`, in order."""
+    folder = resources.files("hail_guard.ledger") / "migrations" / dialect
+    found = [
+        (int(item.name.split("_")[0]), item.read_text()) for item in folder.iterdir() if item.name.endswith(".sql")
+    ]
+    return sorted(found)
+
+
+def check_version(current: int, latest: int, where: str) -> int:
+    if current > latest:
+        raise SchemaTooNew(
+            f"the ledger {where} has schema version {current}, newer than this hail-guard knows ({latest}); "
+            "upgrade hail-guard"
+        )
+    return current
+
+
+class LedgerCore(ABC):
+    """The operations both backends do alike (see the module docstring)."""
+
+    @abstractmethod
+    async def _read(self, work: Work[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """`work(tx, ...)` over statements that only read."""
+
+    @abstractmethod
+    async def _write(self, work: Work[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """`work(tx, ...)` in one write transaction, durable when it returns: rolled back if it raises."""
+
+    async def now(self) -> datetime:
+        return await self._read(_now)
+
+    async def get(self, operation_id: str) -> Operation:
+        return await self._read(must, operation_id)
+
+    async def find_by_key(self, idempotency_key: str) -> Operation | None:
+        return await self._read(_one, "operation_by_key", idempotency_key)
+
+    async def oldest(self, state: State) -> Operation | None:
+        return await self._read(_one, "oldest_in_state", state.value)
+
+    async def list_operations(
+        self,
+        *,
+        state: State | None = None,
+        campaign_id: str | None = None,
+        batch_id: str | None = None,
+        recipient: str | None = None,
+        since: datetime | None = None,
+        before: str | None = None,
+        limit: int = 100,
+    ) -> list[Operation]:
+        wanted = recipients.comparable(recipient) if recipient is not None else None
+        args = (state.value if state else None, campaign_id, batch_id, wanted, epoch(since), before, limit)
+        return await self._read(_many, "list_operations", *args)
+
+    async def events(self, operation_id: str) -> list[Event]:
+        rows = await self._read(_rows, "events_of", operation_id)
+        return [Event.model_validate(dict(row)) for row in rows]
+
+    async def delivery_events(self, operation_id: str) -> list[DeliveryEvent]:
+        rows = await self._read(_rows, "delivery_events_of", operation_id)
+        return [DeliveryEvent.model_validate(dict(row)) for row in rows]
+
+    async def count_by_state(self) -> dict[State, int]:
+        rows = await self._read(_rows, "count_by_state")
+        return {State(row["state"]): int(row["count"]) for row in rows}
+
+    async def batch_status(self, batch_id: str) -> BatchStatus:
+        return await self._read(_batch_status, batch_id)
+
+    async def list_batches(self, *, limit: int = 50) -> list[BatchSummary]:
+        rows = await self._read(_rows, "list_batches", limit)
+        return batch_summaries(
+            (row["batch_id"], row["name"], as_time(row["created_at"]), row["state"], int(row["count"])) for row in rows
+        )
+
+    async def approve_batch(self, batch_id: str, *, actor: str) -> int:
+        return await self._write(_approve_batch, batch_id, actor)
+
+    async def list_suppressions(self) -> list[Suppression]:
+        return [Suppression.model_validate(dict(row)) for row in await self._read(_rows, "suppressions")]
+
+    async def is_suppressed(self, reached: Sequence[str], channel: str) -> bool:
+        return await self._read(opted_out, reached, channel)
+
+    async def add_suppression(self, suppression: Suppression, *, actor: str) -> list[str]:
+        return await self._write(suppress, suppression, actor)
+
+    async def remove_suppression(self, recipient: str, channel: str) -> bool:
+        key = recipients.comparable(recipient, channel)
+        return await self._write(_changed, "remove_suppression", key, channel)
+
+    async def observe_tools(self, fingerprints: Mapping[str, str]) -> list[ToolPin]:
+        return await self._write(_observe_tools, dict(fingerprints))
+
+    async def accept_tools(self, names: Sequence[str] | None = None) -> list[str]:
+        chosen = json.dumps(list(names)) if names is not None else None
+        return sorted(row["name"] for row in await self._write(_rows, "accept_tools", chosen))
+
+    async def tool_pins(self) -> list[ToolPin]:
+        return [ToolPin.model_validate(dict(row)) for row in await self._read(_rows, "tool_pins")]
+
+    async def record_delivery(
+        self,
+        operation_id: str,
+        observations: Sequence[DeliveryObservation],
+        *,
+        next_check_seconds: float | None = None,
+    ) -> Operation:
+        return await self._write(_record_delivery, operation_id, list(observations), next_check_seconds)
+
+    async def record_webhook(self, webhook: Webhook) -> WebhookOutcome:
+        return await self._write(_record_webhook, webhook)
+
+    async def resolve_review(
+        self, operation_id: str, *, state: State, reason: str, actor: str, provider_id: str | None = None
+    ) -> Operation:
+        policy.check_review_decision(state, reason, provider_id)
+        return await self._write(_resolve_review, operation_id, state, reason, actor, provider_id)
+
+    async def resend(self, operation_id: str, intent: Intent, *, reason: str, actor: str) -> Operation:
+        policy.check_review_decision(State.CANCELLED, reason)
+        return await self._write(_resend, operation_id, intent, reason, actor)
+
+    async def prune(self, *, older_than_seconds: float) -> PruneReport:
+        if not older_than_seconds > 0:
+            raise RefusedByPolicy("prune needs a positive age; nothing was removed")
+        return await self._write(_prune, older_than_seconds)
+
+
+# --- work, as functions of a Tx ----------------------------------------------------------------------
+
+
+async def _now(tx: Tx) -> datetime:
+    row = await tx.row("now")
+    assert row is not None
+    return as_time(next(iter(row.values())))
+
+
+async def _rows(tx: Tx, name: str, *args: Any) -> list[Row]:
+    return await tx.rows(name, *args)
+
+
+async def _changed(tx: Tx, name: str, *args: Any) -> bool:
+    return bool(await tx.rows(name, *args))
+
+
+async def _one(tx: Tx, name: str, *args: Any) -> Operation | None:
+    row = await tx.row(name, *args)
+    return operation_of(row) if row is not None else None
+
+
+async def _many(tx: Tx, name: str, *args: Any) -> list[Operation]:
+    return [operation_of(row) for row in await tx.rows(name, *args)]
+
+
+async def must(tx: Tx, operation_id: str, *, for_update: bool = False) -> Operation:
+    name = "operation_by_id_for_update" if for_update else "operation_by_id"
+    found = await _one(tx, name, operation_id)
+    if found is None:
+        raise not_found(operation_id)
+    return found
+
+
+async def record_event(tx: Tx, operation_id: str, before: State | None, after: State, actor: str, reason: str) -> None:
+    if not lifecycle.is_legal(before, after):  # the table is the rule: a bug here must not reach the history
+        raise AssertionError(f"{before} -> {after} is not a move of hail_guard.lifecycle")
+    await tx.run("record_event", operation_id, before.value if before else None, after.value, actor, reason)
+
+
+async def opted_out(tx: Tx, reached: Sequence[str], channel: str) -> bool:
+    """Whether any of these recipients (normalised here as `comparable`) opted out of `channel`, or of all."""
+    probes = opt_out_probes(reached, channel)
+    return bool(probes) and await tx.row("opted_out", json.dumps(probes), channel) is not None
+
+
+async def cancel_opted_out(tx: Tx, actor: str, reason: str, batch_id: str | None = None) -> list[str]:
+    """Cancel every unforwarded operation (of `batch_id`, or of all) a recipient of which opted out."""
+    pending = {row["id"]: State(row["state"]) for row in await tx.rows("opted_out_pending", batch_id)}
+    if not pending:
+        return []
+    cancelled = [row["id"] for row in await tx.rows("cancel_operations", json.dumps(list(pending)), reason)]
+    for operation_id in cancelled:
+        if not lifecycle.is_legal(pending[operation_id], State.CANCELLED):
+            raise AssertionError(f"{pending[operation_id]} -> cancelled is not a move of hail_guard.lifecycle")
+    await tx.run_many(
+        "record_event",
+        [
+            (operation_id, pending[operation_id].value, State.CANCELLED.value, actor, reason)
+            for operation_id in cancelled
+        ],
+    )
+    return cancelled
+
+
+async def suppress(tx: Tx, suppression: Suppression, actor: str) -> list[str]:
+    """Record an opt-out (its recipient as `comparable`: the edges refuse unreadable ones, a webhook's is kept) and
+    cancel what it stops."""
+    key = recipients.comparable(suppression.recipient, suppression.channel)
+    await tx.run("add_suppression", key, suppression.channel, suppression.reason, suppression.source)
+    return await cancel_opted_out(tx, actor, policy.suppression_reason(suppression))
+
+
+async def _batch_name(tx: Tx, batch_id: str) -> str | None:
+    row = await tx.row("batch_name", batch_id)
+    if row is None:
+        raise NotFound(f"no batch {batch_id}; plan one with `hail-guard batch plan FILE`")
+    name: str | None = row["name"]
+    return name
+
+
+async def _batch_status(tx: Tx, batch_id: str) -> BatchStatus:
+    name = await _batch_name(tx, batch_id)
+    counts = {State(row["state"]): int(row["count"]) for row in await tx.rows("batch_counts", batch_id)}
+    unresolved = await _many(tx, "batch_unresolved", batch_id)
+    return BatchStatus(batch_id=batch_id, name=name, counts=counts, unresolved=unresolved)
+
+
+async def _approve_batch(tx: Tx, batch_id: str, actor: str) -> int:
+    await _batch_name(tx, batch_id)
+    approved = await tx.rows("approve_batch", batch_id)
+    for row in approved:
+        await record_event(tx, row["id"], State.PLANNED, State.READY, actor, "batch approved")
+    return len(approved)
+
+
+async def _observe_tools(tx: Tx, fingerprints: dict[str, str]) -> list[ToolPin]:
+    await tx.run_many("observe_tool", sorted(fingerprints.items()))  # one order: no deadlock between processes
+    return [ToolPin.model_validate(dict(row)) for row in await tx.rows("tool_pins")]
+
+
+async def apply_delivery(
+    tx: Tx, operation: Operation, observations: Sequence[DeliveryObservation], next_check_seconds: float | None
+) -> None:
+    """Each state once as an event; the current state only forward (`delivery.settle`); `state` untouched.
+    The caller holds the operation's row (`for_update`), so a poll and a webhook settle one after the other."""
+    await tx.run_many(
+        "record_delivery_event",
+        [(operation.id, o.state.value, epoch(o.occurred_at), o.source, o.detail) for o in observations],
+    )
+    moved = delivery.settle(operation.delivery_state, observations)
+    if moved is not None:
+        await tx.run("set_delivery_state", moved.state.value, epoch(moved.occurred_at), operation.id)
+    if next_check_seconds is not None:
+        await tx.run("count_delivery_check", next_check_seconds, operation.id)
+
+
+async def _record_delivery(
+    tx: Tx, operation_id: str, observations: list[DeliveryObservation], next_check_seconds: float | None
+) -> Operation:
+    await apply_delivery(tx, await must(tx, operation_id, for_update=True), observations, next_check_seconds)
+    return await must(tx, operation_id)
+
+
+async def _record_webhook(tx: Tx, webhook: Webhook) -> WebhookOutcome:
+    """A seen signature is a replay; a delivery id counts once (a concurrent twin waits, then does nothing)."""
+    if await tx.row("signature_seen", webhook.signature) is not None:
+        return WebhookOutcome.REPLAYED
+    fields = (webhook.delivery_id, webhook.signature, webhook.event_type, webhook.provider_id, webhook.payload)
+    if await tx.row("claim_webhook", *fields) is None:
+        replayed = await tx.row("signature_seen", webhook.signature) is not None
+        return WebhookOutcome.REPLAYED if replayed else WebhookOutcome.DUPLICATE
+    outcome, operation_id = await _apply_webhook(tx, webhook)
+    await tx.run("settle_webhook", outcome.value, operation_id, webhook.delivery_id)
+    return outcome
+
+
+async def _apply_webhook(tx: Tx, webhook: Webhook) -> tuple[WebhookOutcome, str | None]:
+    if webhook.opt_out is not None:
+        await suppress(tx, webhook.opt_out, "webhook")
+        return WebhookOutcome.OPTED_OUT, None
+    if webhook.observation is None or webhook.provider_id is None:
+        return WebhookOutcome.IGNORED, None
+    operation = await _one(tx, "operation_by_provider_for_update", webhook.provider_id)
+    if operation is None:
+        return WebhookOutcome.UNKNOWN_OPERATION, None
+    await apply_delivery(tx, operation, [webhook.observation], None)
+    return WebhookOutcome.APPLIED, operation.id
+
+
+async def _resolve_review(
+    tx: Tx, operation_id: str, state: State, reason: str, actor: str, provider_id: str | None
+) -> Operation:
+    why = policy.review_decision_text(state, reason, provider_id)
+    before = await must(tx, operation_id, for_update=True)
+    if before.state not in lifecycle.REVIEWABLE:
+        raise policy.not_in_review(before, "resolved")
+    cancel_reason = why if state is State.CANCELLED else None
+    last_error = why if state is State.FAILED else None
+    may_have_left = state is not State.ACCEPTED  # closed by an operator: it may have been sent
+    await tx.run("resolve_review", state.value, provider_id, cancel_reason, last_error, operation_id, may_have_left)
+    await record_event(tx, operation_id, before.state, state, actor, why)
+    return await must(tx, operation_id)
+
+
+async def _resend(tx: Tx, operation_id: str, intent: Intent, reason: str, actor: str) -> Operation:
+    old = await must(tx, operation_id, for_update=True)
+    if old.state not in lifecycle.REVIEWABLE:
+        raise policy.not_in_review(old, "resent")
+    if await opted_out(tx, intent.recipients, intent.channel):
+        raise policy.suppressed_refusal(intent.recipients, intent.channel)
+    taken = await _one(tx, "operation_by_key", intent.idempotency_key)
+    if taken is not None:
+        raise policy.resend_key_taken(intent.idempotency_key, taken)
+    new_id = str(uuid.uuid4())
+    texts = policy.resend_texts(old.id, new_id, reason)
+    await tx.run("insert_operation", new_id, *intent_values(intent), State.READY.value)
+    await tx.run("insert_operation_recipients", new_id)
+    await tx.run("link_resend", new_id, old.id)
+    await record_event(tx, new_id, None, State.READY, actor, texts.new_event)
+    await tx.run("supersede", texts.cancel_reason, new_id, old.id)
+    await record_event(tx, old.id, old.state, State.CANCELLED, actor, texts.old_event)
+    return await must(tx, new_id)
+
+
+async def _prune(tx: Tx, older_than_seconds: float) -> PruneReport:
+    row = await tx.row("prune_cutoff", older_than_seconds)
+    assert row is not None
+    cutoff = next(iter(row.values()))
+    events = await tx.run("prune_events", cutoff)
+    await tx.run("prune_delivery_events", cutoff)
+    await tx.run("prune_recipients", cutoff)
+    operations = await tx.run("prune_operations", cutoff)
+    hooks = await tx.run("prune_webhooks", max(older_than_seconds, policy.WEBHOOK_DEDUPE_SECONDS))
+    return PruneReport(operations=operations, events=events, webhook_deliveries=hooks)
+
+
+# --- planning a batch: the checks and the copy, over the backend's staging table -------------------------
+
+
+async def plan_staged(
+    tx: Tx, batch_id: str, name: str | None, state: State, actor: str, window_seconds: float | None
+) -> None:
+    """The staged sends checked against the ledger and copied into it (the caller holds one transaction)."""
+    await tx.run("insert_batch", batch_id, name, actor)
+    await _refuse_known_keys(tx)
+    if window_seconds is not None:
+        await _refuse_repeats(tx, window_seconds)
+    await tx.run("plan_staged", batch_id, state.value)
+    await tx.run("plan_staged_recipients")
+    await tx.run("plan_staged_events", state.value, actor, f"planned in batch {batch_id}")
+    await cancel_opted_out(tx, actor, "the recipient opted out before the send", batch_id)
+
+
+async def _refuse_known_keys(tx: Tx) -> None:
+    rows = await tx.rows("staged_known_keys")
+    if rows:
+        named = "; ".join(
+            f"send {row['position']} (key {row['idempotency_key']!r} is operation {row['id']})" for row in rows
+        )
+        raise RefusedByPolicy(f"{rows[0]['taken']} send(s) already exist in the ledger: {named}; nothing was planned")
+
+
+async def _refuse_repeats(tx: Tx, window_seconds: float) -> None:
+    """The first staged send whose message the ledger already carries for one of its recipients is refused."""
+    for allow_duplicate in (False, True):
+        states, closed_block = policy.blocking_states(allow_duplicate=allow_duplicate)
+        found = await tx.row("staged_repeat", window_seconds, allow_duplicate, json.dumps(states), closed_block)
+        if found is None:
+            continue
+        staged = await tx.row("staged_intent", found["position"])
+        assert staged is not None
+        values = dict(staged)
+        values["recipients"] = tuple(
+            json.loads(values["recipients"]) if isinstance(values["recipients"], str) else values["recipients"]
+        )
+        intent = Intent.model_validate(values)
+        matches = [operation_of(row) for row in await tx.rows("matches", *match_args(intent, window_seconds))]
+        raise policy.already_planned(intent, matches, found["position"])

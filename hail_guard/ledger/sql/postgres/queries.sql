@@ -1,0 +1,407 @@
+-- The PostgreSQL ledger's statements (see hail_guard/ledger/sql.py). The clock is statement_timestamp()
+-- ({now}): fixed within one statement, fresh for each. Parameters come as SQLite's do: JSON values and lists
+-- as JSON text, times as Unix epoch seconds. The statements shared with SQLite (the core's) come first, in the
+-- order of sql/sqlite/queries.sql; the send path's own statements follow. hg_begin_send is in begin_send.sql.
+
+-- ---------------------------------------------------------------------------------------------------
+-- Shared with SQLite: the same names, the same parameters in the same order.
+
+-- name: now
+SELECT {now}
+
+-- name: operation_by_id
+SELECT {columns} FROM operations WHERE id = $1
+
+-- name: operation_by_id_for_update
+SELECT {columns} FROM operations WHERE id = $1 FOR UPDATE
+
+-- name: operation_by_key
+SELECT {columns} FROM operations WHERE idempotency_key = $1
+
+-- name: operation_by_provider_for_update
+SELECT {columns} FROM operations WHERE provider_id = $1 ORDER BY created_at DESC, seq DESC LIMIT 1 FOR UPDATE
+
+-- name: oldest_in_state
+SELECT {columns} FROM operations WHERE state = $1 ORDER BY created_at, seq LIMIT 1
+
+-- name: list_operations
+SELECT {columns} FROM operations
+WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR campaign_id = $2) AND ($3::text IS NULL OR batch_id = $3)
+  AND ($4::text IS NULL OR $4 = ANY (recipient_keys))
+  AND ($5::float8 IS NULL OR created_at >= to_timestamp($5))
+  AND ($6::text IS NULL OR (created_at, seq) < (SELECT o.created_at, o.seq FROM operations o WHERE o.id = $6))
+ORDER BY created_at DESC, seq DESC LIMIT $7
+
+-- name: count_by_state
+SELECT state, count(*) AS count FROM operations GROUP BY state
+
+-- name: events_of
+SELECT operation_id, at, from_state, to_state, actor, reason FROM events WHERE operation_id = $1 ORDER BY id
+
+-- name: record_event
+INSERT INTO events (operation_id, at, from_state, to_state, actor, reason) VALUES ($1, {now}, $2, $3, $4, $5)
+
+-- name: insert_operation
+INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request, request_fingerprint,
+    content_fingerprint, sender, campaign_id, lead_id, message_id, batch_id, state, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5::jsonb, ARRAY(SELECT jsonb_array_elements_text($6::jsonb)), $7, $8, $9, $10::jsonb, $11,
+    $12, $13, $14, $15, {now}, {now})
+
+-- name: insert_operation_recipients
+INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
+SELECT o.id, r, o.content_fingerprint FROM operations o, jsonb_array_elements_text(o.recipients) AS r WHERE o.id = $1
+
+-- name: resolve_review
+UPDATE operations SET state = $1, provider_id = COALESCE($2, provider_id), cancel_reason = COALESCE($3, cancel_reason),
+    last_error = COALESCE($4, last_error), may_have_left = $6, lease_owner = NULL, lease_expires_at = NULL,
+    next_check_at = NULL, updated_at = {now}
+WHERE id = $5 AND state IN {reviewable}
+
+-- name: link_resend
+UPDATE operations SET resend_of = $2 WHERE id = $1
+
+-- name: supersede
+UPDATE operations SET state = 'cancelled', cancel_reason = $1, resent_as = $2, may_have_left = true,
+    lease_owner = NULL, lease_expires_at = NULL, next_check_at = NULL, updated_at = {now}
+WHERE id = $3 AND state IN {reviewable}
+
+-- name: suppressions
+SELECT recipient, channel, reason, source, created_at FROM suppressions ORDER BY created_at, recipient, channel
+
+-- name: add_suppression
+INSERT INTO suppressions (recipient, channel, reason, source, created_at) VALUES ($1, $2, $3, $4, {now})
+ON CONFLICT (recipient, channel) DO UPDATE SET reason = excluded.reason, source = excluded.source
+
+-- name: remove_suppression
+DELETE FROM suppressions WHERE recipient = $1 AND channel = $2 RETURNING recipient
+
+-- name: opted_out_pending
+SELECT id, state FROM operations
+WHERE state IN {cancellable} AND ($1::text IS NULL OR batch_id = $1) AND EXISTS (
+    SELECT 1 FROM unnest(operations.recipient_keys) AS r (recipient), LATERAL (
+        SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN (operations.channel, 'all')
+        LIMIT 1) AS opted_out)
+ORDER BY seq
+FOR UPDATE
+
+-- name: cancel_operations
+UPDATE operations SET state = 'cancelled', cancel_reason = $2, updated_at = {now}
+WHERE id IN (SELECT jsonb_array_elements_text($1::jsonb)) AND state IN {cancellable}
+RETURNING id
+
+-- name: insert_batch
+INSERT INTO batches (id, name, created_by, created_at) VALUES ($1, $2, $3, {now})
+
+-- name: batch_name
+SELECT name FROM batches WHERE id = $1
+
+-- name: batch_counts
+SELECT state, count(*) AS count FROM operations WHERE batch_id = $1 GROUP BY state
+
+-- name: batch_unresolved
+SELECT {columns} FROM operations WHERE batch_id = $1 AND state IN {unresolved} ORDER BY created_at, seq LIMIT 100
+
+-- name: list_batches
+SELECT b.id AS batch_id, b.name, b.created_at, o.state, count(o.id) AS count
+FROM (SELECT id, name, created_at FROM batches ORDER BY created_at DESC, id DESC LIMIT $1) AS b
+LEFT JOIN operations AS o ON o.batch_id = b.id
+GROUP BY b.id, b.name, b.created_at, o.state ORDER BY b.created_at DESC, b.id DESC
+
+-- name: approve_batch
+UPDATE operations SET state = 'ready', updated_at = {now} WHERE batch_id = $1 AND state IN {approvable} RETURNING id
+
+-- name: delivery_events_of
+SELECT operation_id, state, occurred_at, recorded_at, source, detail FROM delivery_events
+WHERE operation_id = $1 ORDER BY id
+
+-- name: record_delivery_event
+INSERT INTO delivery_events (operation_id, state, occurred_at, recorded_at, source, detail)
+VALUES ($1, $2, to_timestamp($3::float8), {now}, $4, $5) ON CONFLICT (operation_id, state) DO NOTHING
+
+-- name: set_delivery_state
+UPDATE operations SET delivery_state = $1, delivery_at = COALESCE(to_timestamp($2::float8), {now}), updated_at = {now}
+WHERE id = $3
+
+-- name: count_delivery_check
+UPDATE operations SET delivery_checks = delivery_checks + 1,
+    delivery_next_check_at = {now} + $1::float8 * interval '1 second'
+WHERE id = $2
+
+-- name: signature_seen
+SELECT 1 FROM webhook_deliveries WHERE signature = $1
+
+-- name: claim_webhook
+INSERT INTO webhook_deliveries (delivery_id, signature, event_type, provider_id, outcome, received_at, payload)
+VALUES ($1, $2, $3, $4, 'pending', {now}, $5) ON CONFLICT DO NOTHING RETURNING delivery_id
+
+-- name: settle_webhook
+UPDATE webhook_deliveries SET outcome = $1, operation_id = $2 WHERE delivery_id = $3
+
+-- name: prune_cutoff
+SELECT {now} - $1::float8 * interval '1 second' AS cutoff
+
+-- name: prune_events
+DELETE FROM events WHERE operation_id IN (
+    SELECT id FROM operations WHERE state IN {terminal} AND updated_at < $1 AND created_at < $1)
+
+-- name: prune_delivery_events
+DELETE FROM delivery_events WHERE operation_id IN (
+    SELECT id FROM operations WHERE state IN {terminal} AND updated_at < $1 AND created_at < $1)
+
+-- name: prune_recipients
+DELETE FROM operation_recipients WHERE operation_id IN (
+    SELECT id FROM operations WHERE state IN {terminal} AND updated_at < $1 AND created_at < $1)
+
+-- name: prune_operations
+DELETE FROM operations WHERE state IN {terminal} AND updated_at < $1 AND created_at < $1
+
+-- name: prune_webhooks
+DELETE FROM webhook_deliveries WHERE received_at < {now} - $1::float8 * interval '1 second'
+
+-- name: observe_tool
+INSERT INTO upstream_tools (name, fingerprint, accepted_fingerprint, first_seen_at) VALUES ($1, $2, $2, {now})
+ON CONFLICT (name) DO UPDATE SET
+    changed_at = CASE WHEN excluded.fingerprint = upstream_tools.fingerprint THEN upstream_tools.changed_at
+                      ELSE {now} END,
+    fingerprint = excluded.fingerprint
+
+-- name: tool_pins
+SELECT name, fingerprint, accepted_fingerprint, first_seen_at, changed_at FROM upstream_tools ORDER BY name COLLATE "C"
+
+-- name: accept_tools
+UPDATE upstream_tools SET accepted_fingerprint = fingerprint, changed_at = NULL
+WHERE fingerprint <> accepted_fingerprint
+  AND ($1::jsonb IS NULL OR name IN (SELECT jsonb_array_elements_text($1::jsonb)))
+RETURNING name
+
+-- name: opted_out
+-- One probe of the opt-out list's key per recipient: the LIMIT keeps PostgreSQL from planning it as a join,
+-- which it did as a scan of the whole list.
+SELECT 1 FROM unnest(ARRAY(SELECT jsonb_array_elements_text($1::jsonb))) AS r (recipient), LATERAL (
+    SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN ($2, 'all') LIMIT 1) AS opted_out
+LIMIT 1
+
+-- name: matches
+SELECT {o_columns} FROM operations o
+WHERE o.id IN (
+    SELECT r.operation_id FROM operation_recipients r
+    WHERE r.content_fingerprint = $1 AND r.recipient IN (SELECT jsonb_array_elements_text($2::jsonb)))
+  AND o.idempotency_key <> $3 AND o.tool = $4
+  AND (o.state IN (SELECT jsonb_array_elements_text($5::jsonb)) OR ($6 AND o.may_have_left))
+  AND o.created_at >= {now} - $7::float8 * interval '1 second'
+  AND NOT EXISTS (
+    SELECT 1 FROM jsonb_each(o.sender) a JOIN jsonb_each($8::jsonb) b ON a.key = b.key WHERE a.value <> b.value)
+ORDER BY o.created_at DESC, o.seq DESC
+LIMIT 20
+
+-- ---------------------------------------------------------------------------------------------------
+-- Planning a batch, in one transaction: the sends are staged (COPY) into a temporary table dropped at its end.
+
+-- name: create_stage
+CREATE TEMPORARY TABLE hg_plan_stage (
+    position INTEGER NOT NULL, id TEXT NOT NULL, idempotency_key TEXT NOT NULL, tool TEXT NOT NULL,
+    channel TEXT NOT NULL, recipients JSONB NOT NULL, recipient_keys JSONB NOT NULL, request TEXT NOT NULL,
+    request_fingerprint TEXT NOT NULL, content_fingerprint TEXT NOT NULL, sender JSONB NOT NULL, campaign_id TEXT,
+    lead_id TEXT, message_id TEXT, allow_duplicate BOOLEAN NOT NULL
+) ON COMMIT DROP
+
+-- name: staged_known_keys
+SELECT p.position, p.idempotency_key, o.id, count(*) OVER () AS taken
+FROM hg_plan_stage p JOIN operations o ON o.idempotency_key = p.idempotency_key
+ORDER BY p.position LIMIT 10
+
+-- name: staged_repeat
+SELECT p.position FROM hg_plan_stage p
+CROSS JOIN LATERAL jsonb_array_elements_text(p.recipients) AS pr (recipient)
+JOIN operation_recipients r ON r.content_fingerprint = p.content_fingerprint AND r.recipient = pr.recipient
+JOIN operations o ON o.id = r.operation_id
+WHERE p.allow_duplicate = $2 AND o.idempotency_key <> p.idempotency_key AND o.tool = p.tool
+  AND (o.state IN (SELECT jsonb_array_elements_text($3::jsonb)) OR ($4 AND o.may_have_left))
+  AND o.created_at >= {now} - $1::float8 * interval '1 second'
+  AND NOT EXISTS (
+    SELECT 1 FROM jsonb_each(o.sender) a JOIN jsonb_each(p.sender) b ON a.key = b.key WHERE a.value <> b.value)
+ORDER BY p.position
+LIMIT 1
+
+-- name: staged_intent
+SELECT idempotency_key, tool, channel, recipients, request, request_fingerprint, content_fingerprint,
+    sender::text AS sender, campaign_id, lead_id, message_id, allow_duplicate
+FROM hg_plan_stage WHERE position = $1
+
+-- name: plan_staged
+INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request, request_fingerprint,
+    content_fingerprint, sender, campaign_id, lead_id, message_id, batch_id, state, created_at, updated_at)
+SELECT id, idempotency_key, tool, channel, recipients, ARRAY(SELECT jsonb_array_elements_text(recipient_keys)),
+    request, request_fingerprint, content_fingerprint, sender, campaign_id, lead_id, message_id, $1, $2, {now}, {now}
+FROM hg_plan_stage ORDER BY position
+
+-- name: plan_staged_recipients
+INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
+SELECT p.id, r, p.content_fingerprint FROM hg_plan_stage p, jsonb_array_elements_text(p.recipients) AS r
+
+-- name: plan_staged_events
+INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+SELECT p.id, {now}, NULL, $1, $2, $3 FROM hg_plan_stage p JOIN operations o ON o.id = p.id ORDER BY o.seq
+
+-- name: lock_messages
+SELECT pg_advisory_xact_lock($1, bucket) FROM unnest($2::int[]) AS bucket
+
+-- ---------------------------------------------------------------------------------------------------
+-- The send path (hail_guard/ledger/postgres.py): each write one statement, committed on its own.
+
+-- name: begin_send
+-- Everything `begin_send` does, in one round trip: see begin_send.sql for the statements it runs.
+SELECT b.verdict, (b.operation).*
+FROM hg_begin_send($1, $2, $3, $4, $5::jsonb, ARRAY(SELECT jsonb_array_elements_text($6::jsonb)), $7, $8, $9,
+    $10::jsonb, $11, $12, $13, $14, $15, $16, $17, ARRAY(SELECT jsonb_array_elements_text($18::jsonb)), $19, $20,
+    $21, $22) b
+
+-- name: expire_leases
+-- The rows are picked once, locked, and updated by id (as `id IN (subquery)`, PostgreSQL could run the subquery
+-- again for every `sending` row); the partial index on `sending` leases makes it one short probe when none is due.
+WITH expiring AS MATERIALIZED (
+    SELECT id FROM operations WHERE state IN {expiring} AND lease_expires_at <= {now} FOR UPDATE SKIP LOCKED),
+expired AS (
+    UPDATE operations SET state = 'unknown', updated_at = {now}, next_check_at = {now}
+    FROM expiring WHERE operations.id = expiring.id
+    RETURNING operations.id),
+logged AS (
+    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+    SELECT id, {now}, 'sending', 'unknown', 'ledger', $1 FROM expired)
+SELECT count(*) AS expired FROM expired
+
+-- name: claim_ready_by_id
+WITH claimed AS (
+    UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = $1,
+        lease_expires_at = {now} + $2::float8 * interval '1 second', updated_at = {now},
+        first_sent_at = COALESCE(first_sent_at, {now})
+    WHERE id = $3 AND state IN {claimable} AND (not_before IS NULL OR not_before <= {now}) AND NOT EXISTS (
+        SELECT 1 FROM unnest(operations.recipient_keys) AS r (recipient), LATERAL (
+            SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN (operations.channel, 'all')
+            LIMIT 1) AS opted_out)
+    RETURNING operations.*),
+logged AS (
+    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+    SELECT id, {now}, 'ready', 'sending', $1, 'claimed; forwarding' FROM claimed)
+SELECT {columns} FROM claimed
+
+-- name: claim_ready_any
+-- Expire the leases that ran out, and claim the oldest `ready` operations whose recipients did not opt out, with
+-- their events: one statement. A claim for any batch and one for a batch are separate statements, so each keeps
+-- one plan.
+WITH expiring AS MATERIALIZED (
+    SELECT id FROM operations WHERE state IN {expiring} AND lease_expires_at <= {now} FOR UPDATE SKIP LOCKED),
+expired AS (
+    UPDATE operations SET state = 'unknown', updated_at = {now}, next_check_at = {now}
+    FROM expiring WHERE operations.id = expiring.id
+    RETURNING operations.id),
+expired_logged AS (
+    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+    SELECT id, {now}, 'sending', 'unknown', 'ledger', $4 FROM expired),
+picked AS MATERIALIZED (
+    SELECT id FROM operations
+    WHERE state IN {claimable} AND (not_before IS NULL OR not_before <= {now}) AND NOT EXISTS (
+        SELECT 1 FROM unnest(operations.recipient_keys) AS r (recipient), LATERAL (
+            SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN (operations.channel, 'all')
+            LIMIT 1) AS opted_out)
+    ORDER BY created_at, seq LIMIT $3
+    FOR UPDATE SKIP LOCKED),
+claimed AS (
+    UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = $1,
+        lease_expires_at = {now} + $2::float8 * interval '1 second', updated_at = {now},
+        first_sent_at = COALESCE(first_sent_at, {now})
+    FROM picked WHERE operations.id = picked.id
+    RETURNING operations.*),
+logged AS (
+    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+    SELECT id, {now}, 'ready', 'sending', $1, 'claimed; forwarding' FROM claimed)
+SELECT {columns} FROM claimed ORDER BY created_at, seq
+
+-- name: claim_ready_in_batch
+WITH expiring AS MATERIALIZED (
+    SELECT id FROM operations WHERE state IN {expiring} AND lease_expires_at <= {now} FOR UPDATE SKIP LOCKED),
+expired AS (
+    UPDATE operations SET state = 'unknown', updated_at = {now}, next_check_at = {now}
+    FROM expiring WHERE operations.id = expiring.id
+    RETURNING operations.id),
+expired_logged AS (
+    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+    SELECT id, {now}, 'sending', 'unknown', 'ledger', $4 FROM expired),
+picked AS MATERIALIZED (
+    SELECT id FROM operations
+    WHERE state IN {claimable} AND batch_id = $5 AND (not_before IS NULL OR not_before <= {now}) AND NOT EXISTS (
+        SELECT 1 FROM unnest(operations.recipient_keys) AS r (recipient), LATERAL (
+            SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN (operations.channel, 'all')
+            LIMIT 1) AS opted_out)
+    ORDER BY created_at, seq LIMIT $3
+    FOR UPDATE SKIP LOCKED),
+claimed AS (
+    UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = $1,
+        lease_expires_at = {now} + $2::float8 * interval '1 second', updated_at = {now},
+        first_sent_at = COALESCE(first_sent_at, {now})
+    FROM picked WHERE operations.id = picked.id
+    RETURNING operations.*),
+logged AS (
+    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+    SELECT id, {now}, 'ready', 'sending', $1, 'claimed; forwarding' FROM claimed)
+SELECT {columns} FROM claimed ORDER BY created_at, seq
+
+-- name: record_outcome
+-- Fenced on the lease owner ($10); the event names the state the row was in. One row: `before_state` NULL when
+-- there is no such operation, the other columns NULL when it is not ours to record.
+WITH before AS MATERIALIZED (
+    SELECT id, state FROM operations WHERE id = $9 FOR UPDATE),
+recorded AS (
+    UPDATE operations SET state = $1, provider_id = COALESCE($2, provider_id),
+        result = COALESCE($3::json, result), last_error = COALESCE($4, last_error), review_reason = $5,
+        attempts = operations.attempts - $6,
+        not_before = {now} + $7::float8 * interval '1 second',
+        next_check_at = {now} + $8::float8 * interval '1 second',
+        lease_expires_at = NULL, updated_at = {now}
+    FROM before
+    WHERE operations.id = $9 AND before.id = $9 AND operations.lease_owner = $10
+      AND operations.state IN {recordable}
+    RETURNING operations.*, before.state AS from_state),
+logged AS (
+    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+    SELECT id, {now}, from_state, $1, $11, $12 FROM recorded)
+SELECT before.state AS before_state, {recorded_columns}
+FROM before LEFT JOIN recorded ON true
+
+-- name: claim_unknown_due
+WITH picked AS MATERIALIZED (
+    SELECT id FROM operations
+    WHERE state = 'unknown' AND ($3::text IS NULL OR batch_id = $3)
+      AND (next_check_at IS NULL OR next_check_at <= {now})
+      AND (lease_expires_at IS NULL OR lease_expires_at <= {now})
+    ORDER BY next_check_at NULLS FIRST, seq LIMIT $4
+    FOR UPDATE SKIP LOCKED),
+claimed AS (
+    UPDATE operations SET attempts = attempts + 1, lease_owner = $1,
+        lease_expires_at = {now} + $2::float8 * interval '1 second', updated_at = {now}
+    FROM picked WHERE operations.id = picked.id
+    RETURNING operations.*)
+SELECT {columns} FROM claimed ORDER BY next_check_at NULLS FIRST, seq
+
+-- name: claim_unknown_by_id
+UPDATE operations SET attempts = attempts + 1, lease_owner = $1,
+    lease_expires_at = {now} + $2::float8 * interval '1 second', updated_at = {now}
+WHERE id = $4 AND state = 'unknown' AND ($3::text IS NULL OR batch_id = $3)
+  AND (lease_expires_at IS NULL OR lease_expires_at <= {now})
+RETURNING {columns}
+
+-- name: claim_delivery_checks
+WITH picked AS MATERIALIZED (
+    SELECT id FROM operations
+    WHERE state = 'accepted' AND provider_id IS NOT NULL
+      AND channel IN (SELECT jsonb_array_elements_text($2::jsonb))
+      AND (delivery_state IS NULL OR delivery_state NOT IN (SELECT jsonb_array_elements_text($3::jsonb)))
+      AND (delivery_next_check_at IS NULL OR delivery_next_check_at <= {now})
+      AND COALESCE(first_sent_at, created_at) >= {now} - $4::float8 * interval '1 second'
+    ORDER BY delivery_next_check_at NULLS FIRST, created_at, seq LIMIT $5
+    FOR UPDATE SKIP LOCKED),
+claimed AS (
+    UPDATE operations SET delivery_next_check_at = {now} + $1::float8 * interval '1 second'
+    FROM picked WHERE operations.id = picked.id
+    RETURNING operations.*)
+SELECT {columns} FROM claimed ORDER BY created_at, seq
