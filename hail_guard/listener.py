@@ -257,6 +257,7 @@ async def serve_app(
         try:
             with anyio.CancelScope(shield=True):  # stopped by should_exit below, so it shuts down cleanly
                 await server.serve(sockets=[sock])
+                await _finished(server.server_state.tasks)
         finally:
             stopped.set()
             started.set()
@@ -275,6 +276,18 @@ async def serve_app(
     if not server.started:
         raise HailGuardError(f"the HTTP server at {url} stopped while starting; see the log above")
     log.info("http_stopped", url=url)
+
+
+FINAL_WRITES_SECONDS = 10.0
+"""How long requests cancelled at shutdown may take for their final, shielded ledger writes."""
+
+
+async def _finished(tasks: set[asyncio.Task[None]]) -> None:
+    """Wait (bounded) for the requests uvicorn cancelled at shutdown: a send cut off there records what is known
+    of it (`unknown`) in a shielded write, which must land before the ledger is closed. uvicorn does not wait."""
+    pending = [task for task in tasks if not task.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=FINAL_WRITES_SECONDS)
 
 
 def _signalling_startup(app: ASGIApp, started: anyio.Event) -> ASGIApp:
