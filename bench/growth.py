@@ -31,12 +31,12 @@ from typing import Any
 from bench.figures import Figure, median, ms, percentile
 from bench.workload import lead_email
 from hail_guard.guard import Guard, GuardSettings
-from hail_guard.ledger import Ledger, open_ledger, sqlite_path
-from hail_guard.ledger import postgres as _pg_names
-from hail_guard.ledger import sqlite as _sqlite_names
+from hail_guard.ledger import Ledger, core, open_ledger, sql, sqlite_path
+from hail_guard.ledger.postgres import CONTENT_LOCK_SPACE, message_locks
 from hail_guard.models import Intent
 from hail_guard.policy import blocking_states
 
+_SQLITE_NOW = sql.NOW["sqlite"]
 RATIO_TARGET = 1.5
 WORK_BATCH = "batch-bench-work"
 OPT_OUTS = 1_000
@@ -170,7 +170,7 @@ def _fill_sqlite(path: str, parts: list[tuple[str, str | None, str, int, int]]) 
     try:
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
-        now = db.execute(f"SELECT {_sqlite_names.NOW}").fetchone()[0]
+        now = db.execute(f"SELECT {_SQLITE_NOW}").fetchone()[0]
         db.execute("BEGIN")
         for prefix, batch, state, first, last in parts:
             params = {"first": first, "last": last, "prefix": prefix, "batch": batch, "state": state}
@@ -178,12 +178,12 @@ def _fill_sqlite(path: str, parts: list[tuple[str, str | None, str, int, int]]) 
         db.execute(_SQLITE_EVENTS, {"prefix": "hist"})
         db.execute(_SQLITE_RECIPIENTS)
         db.execute(
-            f"INSERT INTO batches (id, name, created_by, created_at) VALUES (?, 'bench', 'bench', {_sqlite_names.NOW})",
+            f"INSERT INTO batches (id, name, created_by, created_at) VALUES (?, 'bench', 'bench', {_SQLITE_NOW})",
             (WORK_BATCH,),
         )
         db.executemany(
             f"INSERT INTO suppressions (recipient, channel, reason, source, created_at) "
-            f"VALUES (?, 'email', 'bench', 'bench', {_sqlite_names.NOW})",
+            f"VALUES (?, 'email', 'bench', 'bench', {_SQLITE_NOW})",
             [(f"optout{n}@example.com",) for n in range(OPT_OUTS)],
         )
         db.execute("COMMIT")
@@ -281,14 +281,24 @@ def figures(ledger: str, small: Timings, large: Timings) -> list[Figure]:
 
 # --- query plans ---------------------------------------------------------------------------------
 
+_SQLITE = sql.statements("sqlite")
 _SQLITE_QUERIES = {
-    "claim_ready (one batch)": _sqlite_names._CLAIM_READY_IN_BATCH,
-    "claim_ready (any batch)": _sqlite_names._CLAIM_READY_ANY,
-    "claim_unknown": _sqlite_names._CLAIM_UNKNOWN,
-    "find_by_key": f"{_sqlite_names._SELECT} WHERE idempotency_key = ?",
-    "begin_send: the same message to a recipient": _sqlite_names._MATCHES,
-    "expire leases": _sqlite_names._EXPIRE_LEASES,
+    "claim_ready (one batch)": _SQLITE["claim_ready_in_batch"],
+    "claim_ready (any batch)": _SQLITE["claim_ready_any"],
+    "claim_unknown": _SQLITE["claim_unknown_due"],
+    "find_by_key": _SQLITE["operation_by_key"],
+    "begin_send: the same message to a recipient": _SQLITE["matches"],
+    "expire leases": _SQLITE["expire_leases"],
 }
+_PG = sql.statements("postgres")
+
+
+def _states_as_sent() -> tuple[str, bool]:
+    """`policy.blocking_states` as `begin_send` sends them: the states as a JSON list."""
+    states, closed_block = blocking_states(allow_duplicate=False)
+    return json.dumps(states), closed_block
+
+
 _FULL_SCAN_SQLITE = re.compile(r"\bSCAN (operations|events|suppressions|s)\b(?! USING)")
 _FULL_SCAN_PG = re.compile(r"Seq Scan on (operations|events)\b")
 
@@ -297,8 +307,9 @@ def sqlite_plans(url: str) -> list[dict[str, Any]]:
     db = sqlite3.connect(sqlite_path(url))
     try:
         plans = []
-        for query, sql in _SQLITE_QUERIES.items():
-            rows = db.execute(f"EXPLAIN QUERY PLAN {sql}", [None] * sql.count("?")).fetchall()
+        for query, statement in _SQLITE_QUERIES.items():
+            count = max((int(n) for n in re.findall(r"\?(\d+)", statement)), default=0)
+            rows = db.execute(f"EXPLAIN QUERY PLAN {statement}", [None] * count).fetchall()
             lines = [f"{'  ' * _depth(rows, row)}{row[3]}" for row in rows]
             plans.append(
                 {"query": query, "plan": lines, "uses_index": not any(_FULL_SCAN_SQLITE.search(x) for x in lines)}
@@ -320,10 +331,10 @@ async def postgres_plans(url: str) -> list[dict[str, Any]]:
     import asyncpg
 
     queries: dict[str, tuple[str, tuple[Any, ...]]] = {
-        "claim_ready": (_pg_names._CLAIM_READY, ("bench", LEASE_SECONDS, WORK_BATCH, 1)),
-        "claim_unknown": (_pg_names._CLAIM_UNKNOWN_DUE, ("bench", LEASE_SECONDS, None, 1)),
-        "find_by_key": (f"{_pg_names._SELECT} WHERE idempotency_key = $1", ("hist:lead1:email:intro",)),
-        "expire leases": (_pg_names._EXPIRE_LEASES, ("bench",)),
+        "claim_ready": (_PG["claim_ready_in_batch"], ("bench", LEASE_SECONDS, 1, "bench", WORK_BATCH)),
+        "claim_unknown": (_PG["claim_unknown_due"], ("bench", LEASE_SECONDS, None, 1)),
+        "find_by_key": (_PG["operation_by_key"], ("hist:lead1:email:intro",)),
+        "expire leases": (_PG["expire_leases"], ("bench",)),
     }
     db = await asyncpg.connect(url)
     try:
@@ -351,15 +362,15 @@ async def _begin_send_plans(db: Any) -> list[dict[str, Any]]:
     await transaction.start()
     try:
         await db.fetchrow(
-            _pg_names._BEGIN_SEND,
+            _PG["begin_send"],
             "plan-op",
-            *_pg_names._intent_values(intent),
+            *core.intent_values(intent),
             "bench",
             LEASE_SECONDS,
             DUPLICATE_WINDOW_SECONDS,
-            *blocking_states(allow_duplicate=False),
-            _pg_names.CONTENT_LOCK_SPACE,
-            _pg_names._message_locks(intent),
+            *_states_as_sent(),
+            CONTENT_LOCK_SPACE,
+            message_locks(intent),
             "bench",
         )
     finally:

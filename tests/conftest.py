@@ -15,6 +15,7 @@ from mcp import Client, types
 
 from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
+from hail_guard.lifecycle import is_legal
 from hail_guard.logs import configure_logging
 from hail_guard.sandbox import Sandbox, parse_fault
 from hail_guard.server import Proxy, build_server
@@ -33,14 +34,23 @@ def _all_log_levels() -> None:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 async def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Ledger]:
-    """Each backend in turn, on a fresh ledger (a new file; a new PostgreSQL database)."""
+    """Each backend in turn, on a fresh ledger (a new file; a new PostgreSQL database). After the test, every
+    event the ledger recorded must be a move of the state machine (`hail_guard.lifecycle`)."""
     if request.param == "sqlite":
         async with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as opened:
             yield opened
+            await _every_event_is_a_legal_move(opened)
         return
     server: PostgresServer = request.getfixturevalue("postgres_server")
     async with server.database() as url, open_ledger(url) as opened:
         yield opened
+        await _every_event_is_a_legal_move(opened)
+
+
+async def _every_event_is_a_legal_move(ledger: Ledger) -> None:
+    for operation in await ledger.list_operations(limit=100_000):
+        for event in await ledger.events(operation.id):
+            assert is_legal(event.from_state, event.to_state), f"{operation.id}: {event.from_state} -> {event.to_state}"
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ from hail_guard.config import Settings
 from hail_guard.drill import DrillOptions, DrillReport, Scenario, run_drill
 from hail_guard.errors import ConfigError
 from hail_guard.guard import Guard, SendReport
-from hail_guard.ledger import sqlite
+from hail_guard.ledger import sql
 from hail_guard.ledger.sqlite import SqliteLedger
 from hail_guard.logs import configure_logging
 from hail_guard.models import Answer, AnswerKind, Intent, Operation, Outcome, State, Suppression
@@ -218,14 +218,15 @@ def test_bad_numbers_are_usage_errors(flag: str, value: str) -> None:
 
 
 def _replace_sql(monkeypatch: pytest.MonkeyPatch, name: str, old: str, new: str) -> None:
-    text = getattr(sqlite, name)
-    assert old in text, f"the sabotage of {name} no longer applies"
-    monkeypatch.setattr(sqlite, name, text.replace(old, new))
+    """Edit the SQLite ledger's named statement `name` for this test (the drill runs on SQLite)."""
+    statements = sql.statements("sqlite")
+    assert old in statements[name], f"the sabotage of {name} no longer applies"
+    monkeypatch.setitem(statements, name, statements[name].replace(old, new))
 
 
 def retry_forwarded_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """1: begin_send claims an existing key whatever its state, so a retry is forwarded again."""
-    _replace_sql(monkeypatch, "_CLAIM_READY_BY_ID", "AND state = 'ready' ", "")
+    _replace_sql(monkeypatch, "claim_ready_by_id", "AND state IN ('ready') ", "")
 
 
 def timeout_taken_as_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -258,15 +259,16 @@ def changed_request_not_compared(monkeypatch: pytest.MonkeyPatch) -> None:
 def claims_held_operations(monkeypatch: pytest.MonkeyPatch) -> None:
     """5: claim_ready also takes operations another worker holds (`sending`; once each, or the workers
     could take each send from one another for ever)."""
-    for name in ("_CLAIM_READY_ANY", "_CLAIM_READY_IN_BATCH"):
+    statements = sql.statements("sqlite")
+    for name in ("claim_ready_any", "claim_ready_in_batch"):
         _replace_sql(
             monkeypatch,
             name,
             "WHERE state = 'ready' AND",
             "WHERE (state = 'ready' OR state = 'sending' AND attempts < 2) AND",
         )
-        unindexed = re.sub(r" INDEXED BY \w+", "", getattr(sqlite, name))  # an index of ready rows cannot serve it
-        monkeypatch.setattr(sqlite, name, unindexed)
+        unindexed = re.sub(r" INDEXED BY \w+", "", statements[name])  # an index of ready rows cannot serve it
+        monkeypatch.setitem(statements, name, unindexed)
 
 
 def opt_out_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -301,7 +303,7 @@ def reconcile_mints_a_new_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def expired_lease_made_ready(monkeypatch: pytest.MonkeyPatch) -> None:
     """9: a `sending` operation whose lease ran out goes back to `ready`, not `unknown`."""
-    _replace_sql(monkeypatch, "_EXPIRE_LEASES", "SET state = 'unknown'", "SET state = 'ready'")
+    _replace_sql(monkeypatch, "expire_leases", "SET state = 'unknown'", "SET state = 'ready'")
 
 
 def key_retention_ignored(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,14 +32,9 @@ from tests.postgres import PASSWORD, PASSWORD_ROLE, PostgresServer
 from tests.test_ledger_contract import ACCEPTED, batch_intents, intent
 
 asyncpg = pytest.importorskip("asyncpg", reason="the PostgreSQL ledger needs the `postgres` extra")
-from hail_guard.ledger.postgres import (  # noqa: E402
-    _CLAIM_READY,
-    PLAN_CHUNK,
-    _mapped,
-    describe,
-    migrate,
-    migrations,
-)
+from hail_guard.ledger import sql  # noqa: E402
+from hail_guard.ledger.core import LEASE_EXPIRED, PLAN_CHUNK  # noqa: E402
+from hail_guard.ledger.postgres import describe, errors_mapped, migrate, migrations  # noqa: E402
 
 LATEST = migrations()[-1][0]
 
@@ -279,12 +274,12 @@ def test_every_driver_and_socket_error_becomes_ledger_unavailable_naming_the_ser
     assert len(errors) > 200
     for error in errors:
         expected = pytest.raises(LedgerUnavailable, match=r"PostgreSQL ledger at postgresql://db\.example/ledger")
-        with expected, _mapped(where, frozenset({"pw"})):
+        with expected, errors_mapped(where, frozenset({"pw"})):
             raise error
 
 
 def test_a_driver_message_that_repeats_the_password_is_masked_and_not_chained() -> None:
-    with pytest.raises(LedgerUnavailable) as e, _mapped("postgresql://h/db", frozenset({"pw-123"})):
+    with pytest.raises(LedgerUnavailable) as e, errors_mapped("postgresql://h/db", frozenset({"pw-123"})):
         raise ValueError("bad option near pw-123")
     assert "pw-123" not in str(e.value)
     assert e.value.__cause__ is None
@@ -292,7 +287,7 @@ def test_a_driver_message_that_repeats_the_password_is_masked_and_not_chained() 
 
 
 def test_our_own_errors_pass_through_the_mapping_unchanged() -> None:
-    with pytest.raises(SchemaTooNew), _mapped("postgresql://h/db"):
+    with pytest.raises(SchemaTooNew), errors_mapped("postgresql://h/db"):
         raise SchemaTooNew("newer")
     assert issubclass(LedgerUnavailable, HailGuardError)
 
@@ -366,7 +361,8 @@ async def test_claiming_from_a_large_batch_reads_a_row_not_the_whole_batch(postg
             await transaction.start()
             try:
                 await db.execute(f"SET LOCAL plan_cache_mode = {mode}")
-                plan = [row[0] for row in await db.fetch(f"EXPLAIN ANALYZE {_CLAIM_READY}", "w", 60.0, "B1", 1)]
+                claim = sql.statements("postgres")["claim_ready_in_batch"]
+                plan = [row[0] for row in await db.fetch(f"EXPLAIN ANALYZE {claim}", "w", 60.0, 1, LEASE_EXPIRED, "B1")]
             finally:
                 await transaction.rollback()
             rows_read = [int(n) for line in plan for n in re.findall(r"actual time=\S+ rows=(\d+)", line)]

@@ -15,7 +15,8 @@ import pytest
 
 from hail_guard.errors import ConfigError, LedgerError, LedgerUnavailable, SchemaTooNew
 from hail_guard.ledger import open_ledger, sqlite_path
-from hail_guard.ledger.sqlite import _backup_file, _mapped, filesystem_type, migrations, refuse_network_filesystem
+from hail_guard.ledger.sqlite import errors_mapped, migrations
+from hail_guard.ledger.sqlite_file import backup_file, filesystem_type, refuse_network_filesystem
 from hail_guard.models import Intent, State
 from tests.test_ledger_contract import batch_intents, intent
 
@@ -66,10 +67,10 @@ def test_sqlite_read_only_and_full_errors_become_clear_ledger_errors(tmp_path: P
     path = tmp_path / "ledger.db"
     sqlite3.connect(path).close()
     read_only = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    with pytest.raises(LedgerUnavailable, match="read-only: make the file and its folder writable"), _mapped("x"):
+    with pytest.raises(LedgerUnavailable, match="read-only: make the file and its folder writable"), errors_mapped("x"):
         read_only.execute("CREATE TABLE t (x)")
     read_only.close()
-    with pytest.raises(LedgerUnavailable, match="disk holding the ledger x is full"), _mapped("x"):
+    with pytest.raises(LedgerUnavailable, match="disk holding the ledger x is full"), errors_mapped("x"):
         raise sqlite3.OperationalError("database or disk is full")
 
 
@@ -193,7 +194,7 @@ async def test_a_file_created_at_the_path_while_the_backup_runs_is_never_replace
 
     def back_up() -> None:  # what `SqliteLedger.backup` runs on its worker thread
         try:
-            outcome.append(_backup_file(str(source), str(copy)))
+            outcome.append(backup_file(str(source), str(copy)))
         except LedgerError as exc:
             outcome.append(exc)
 

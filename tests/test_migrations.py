@@ -92,7 +92,7 @@ async def _postgres_at_version(url: str, version: int) -> None:
 
     db = await asyncpg.connect(url)
     try:
-        await db.execute(postgres_ledger._CREATE_SCHEMA_TABLE)
+        await db.execute(postgres_ledger.CREATE_SCHEMA_TABLE)
         for number, sql in postgres_ledger.migrations():
             if number <= version:
                 await db.execute(sql)
@@ -174,7 +174,7 @@ async def test_begin_send_is_recreated_when_its_text_changes(postgres_server: Po
             await db.execute("DROP FUNCTION hg_begin_send")
             assert await postgres_ledger.migrate(url) == postgres_ledger.migrations()[-1][0]
             checksum = await db.fetchval("SELECT checksum FROM hail_guard_functions WHERE name = 'begin_send'")
-            assert checksum == postgres_ledger._function_texts()["begin_send"][0]
+            assert checksum == postgres_ledger.function_texts()["begin_send"][0]
             assert await db.fetchval("SELECT count(*) FROM pg_proc WHERE proname = 'hg_begin_send'") == 1
         finally:
             await db.close()

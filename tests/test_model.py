@@ -25,7 +25,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from hail_guard import webhooks
 from hail_guard.batch import drain
-from hail_guard.models import TERMINAL_STATES, Operation, State
+from hail_guard.lifecycle import TERMINAL, is_legal
+from hail_guard.models import Operation, State
 from hail_guard.sandbox import parse_fault
 from tests.conftest import Harness, email, open_harness
 
@@ -241,7 +242,7 @@ class GuardMachine(RuleBasedStateMachine):
                 assert operation.state is self.terminal[operation.id], (
                     f"{operation.id} left {self.terminal[operation.id]} for {operation.state}"
                 )
-            elif operation.state in TERMINAL_STATES:
+            elif operation.state in TERMINAL:
                 self.terminal[operation.id] = operation.state
             if operation.idempotency_key in sent_keys and operation.id not in self.resolved_by_operator:
                 assert operation.state not in (State.FAILED, State.CANCELLED, State.READY, State.PLANNED), (
@@ -251,6 +252,14 @@ class GuardMachine(RuleBasedStateMachine):
         for recipient, sent_before in self.opted_out.items():
             late = [line for line in outbox[sent_before:] if recipient in line["to"]]
             assert not late, f"{recipient} opted out but was sent {late}"
+
+    @invariant()
+    def every_recorded_event_is_a_move_of_the_state_machine(self) -> None:
+        for operation in self.operations:
+            for event in self.portal.call(self.harness.ledger.events, operation.id):
+                assert is_legal(event.from_state, event.to_state), (
+                    f"{operation.id}: {event.from_state} -> {event.to_state}"
+                )
 
 
 def test_guard_keeps_its_promise_under_any_sequence_of_events() -> None:

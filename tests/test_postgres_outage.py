@@ -2,7 +2,8 @@
 
 Each test has its own database. It is made unreachable by refusing new connections to it and ending
 the ones open (the server and every other test's database stay up), or reached through a TCP hop
-that drops the answer to a COMMIT the server has carried out.
+that drops the answer to a write the server has carried out: a statement that commits on its own (the
+send path's), or the COMMIT of a transaction.
 """
 
 from __future__ import annotations
@@ -55,29 +56,38 @@ async def unavailable(server: PostgresServer, url: str) -> AsyncIterator[None]:
 
 
 class Hop:
-    """A TCP hop to PostgreSQL that can lose the answer to a COMMIT: the server commits, the client never learns.
+    """A TCP hop to PostgreSQL that can lose the answer to a write: the server commits, the client never learns.
 
-    `lose_commit_answer(nth)`: the nth COMMIT from now goes through and is carried out; its answer is
-    dropped and that connection cut, so the ledger sees a broken connection in the middle of committing.
+    `lose_answer(marker, nth)`: the nth message from now that carries `marker` (a COMMIT, or the text of a
+    statement that commits on its own, which a connection sends the first time it runs it) goes through and is
+    carried out; its answer is dropped and that connection cut, so the ledger sees a broken connection in the
+    middle of committing. A statement's text is sent to prepare it; it runs in the client's next message, so
+    that is the one whose answer is lost.
     """
 
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
-        self._commits_until_lost = 0
+        self._marker = b"COMMIT;"
+        self._until_lost = 0
 
-    def lose_commit_answer(self, nth: int = 1) -> None:
-        self._commits_until_lost = nth
+    def lose_answer(self, marker: bytes = b"COMMIT;", nth: int = 1) -> None:
+        self._marker, self._until_lost = marker, nth
 
     async def pipe(self, client: SocketStream) -> None:
         async with client, await anyio.connect_tcp(self.host, self.port) as server, anyio.create_task_group() as tg:
-            committing = anyio.Event()
+            committing, prepared = anyio.Event(), None
 
             async def to_server() -> None:
+                nonlocal prepared
                 async for chunk in client:
-                    if self._commits_until_lost and b"COMMIT;" in chunk:
-                        self._commits_until_lost -= 1
-                        if self._commits_until_lost == 0:
-                            committing.set()
+                    if prepared is not None and prepared in _bound(chunk):  # the marked statement runs now
+                        committing.set()
+                    elif self._until_lost and self._marker in chunk:
+                        self._until_lost -= 1
+                        if self._until_lost == 0:
+                            prepared = _parsed(chunk, self._marker)
+                            if prepared is None:  # not a statement being prepared: this is the write itself
+                                committing.set()
                     await server.send(chunk)
                 tg.cancel_scope.cancel()
 
@@ -92,9 +102,32 @@ class Hop:
             tg.start_soon(to_client)
 
 
+def _messages(chunk: bytes) -> list[tuple[bytes, bytes]]:
+    """The frontend messages in `chunk`: (type, body), each `type, int32 length, body`."""
+    found, at = [], 0
+    while at + 5 <= len(chunk):
+        length = int.from_bytes(chunk[at + 1 : at + 5], "big")
+        found.append((chunk[at : at + 1], chunk[at + 5 : at + 1 + length]))
+        at += 1 + length
+    return found
+
+
+def _parsed(chunk: bytes, marker: bytes) -> bytes | None:
+    """The name of the statement a Parse message in `chunk` prepares with `marker` in its text (None: no Parse)."""
+    for kind, body in _messages(chunk):
+        if kind == b"P" and marker in body:
+            return body.split(b"\0", 1)[0]
+    return None
+
+
+def _bound(chunk: bytes) -> list[bytes]:
+    """The statements the Bind messages in `chunk` run (a Bind names its portal, then its statement)."""
+    return [body.split(b"\0", 2)[1] for kind, body in _messages(chunk) if kind == b"B"]
+
+
 @asynccontextmanager
 async def open_hop(url: str) -> AsyncIterator[tuple[Hop, str]]:
-    """A hop to the database at `url`; yields it and the URL that goes through it (no TLS, to see COMMITs)."""
+    """A hop to the database at `url`; yields it and the URL that goes through it (no TLS, to see the writes)."""
     parts = urlsplit(url)
     hop = Hop(parts.hostname or "127.0.0.1", parts.port or 5432)
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
@@ -162,7 +195,7 @@ async def test_a_send_whose_intent_commit_answer_is_lost_is_not_forwarded_and_re
         open_hop(url) as (hop, hopped),
         open_harness(tmp_path, ledger_url=hopped, lease_seconds=1.0) as harness,
     ):
-        hop.lose_commit_answer()
+        hop.lose_answer(b"hg_begin_send(")  # the intent's statement: it commits on its own
         lost = await harness.call("send_email", lead(1))
         assert lost.is_error
         assert text(lost) == LEDGER_UNAVAILABLE  # "retrying is safe": the retry finds the intent committed
@@ -187,7 +220,7 @@ async def test_an_outcome_whose_commit_answer_is_lost_is_kept_and_the_send_is_no
         open_hop(url) as (hop, hopped),
         open_harness(tmp_path, ledger_url=hopped) as harness,
     ):
-        hop.lose_commit_answer(2)  # the intent's commit goes through; the outcome's answer is lost
+        hop.lose_answer(b"before_state")  # the intent goes through; the outcome's statement's answer is lost
         sent = await harness.call("send_email", lead(1))
         assert data(sent)["hail_guard"]["state"] == "accepted"
         again = await harness.call("send_email", lead(1))
@@ -201,7 +234,7 @@ async def test_a_batch_whose_commit_answer_is_lost_is_refused_when_planned_again
     postgres_url: str,
 ) -> None:
     async with open_hop(postgres_url) as (hop, hopped), open_ledger(hopped) as ledger:
-        hop.lose_commit_answer()
+        hop.lose_answer()  # a batch is planned in one transaction: its COMMIT
         with pytest.raises(LedgerUnavailable, match="PostgreSQL ledger"):
             await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(3), state=State.READY, actor="op")
         with pytest.raises(RefusedByPolicy, match=r"3 send\(s\) already exist in the ledger"):
