@@ -1,6 +1,7 @@
 """Case 2, campaign drain: plan N sends as a batch, then `Batches.run` with bounded concurrency.
 
-The sandbox runs in process with a fixed latency per call. With latency, the wall time is held
+The sandbox runs as real Hail does, in a process of its own over Streamable HTTP, with a fixed
+latency per call, so hail-guard and the fake Hail do not share one event loop. With latency, the wall time is held
 against the ideal `N x latency / concurrency` (efficiency = ideal / wall). Without latency, the
 throughput is held against forwarding the very same requests (the keys and canonical JSON the
 guard would forward) over the same upstream connection with the same concurrency, but without
@@ -16,12 +17,11 @@ from typing import Any
 import anyio
 
 from bench.figures import Figure, median, ms, percentile
-from bench.workload import lead_email, open_guarded
+from bench.workload import lead_email, open_guarded, sandbox_process, upstream_of
 from hail_guard.batch import PlannedSend
 from hail_guard.guard import Guard, GuardSettings
 from hail_guard.models import Operation, State
-from hail_guard.sandbox import Sandbox
-from hail_guard.upstream import UpstreamTarget, connect_upstream
+from hail_guard.upstream import connect_upstream
 
 EFFICIENCY_TARGET = 0.90
 THROUGHPUT_TARGET = 0.5
@@ -43,7 +43,7 @@ def planned_sends(count: int, tag: str) -> list[PlannedSend]:
 
 
 async def drain_guarded(ledger_url: str, sends: int, concurrency: int, latency_ms: int) -> Drained:
-    async with open_guarded(ledger_url, Sandbox(latency_seconds=latency_ms / 1000)) as proxy:
+    async with sandbox_process(latency_ms) as hail, open_guarded(ledger_url, hail) as proxy:
         started = time.perf_counter()
         batch_id = await proxy.batches.plan(planned_sends(sends, f"drain{latency_ms}"), name="bench")
         plan_seconds = time.perf_counter() - started
@@ -73,13 +73,16 @@ def _timing(
 async def forward_only(sends: int, concurrency: int, latency_ms: int) -> Drained:
     """The same requests the guard would forward, over one upstream connection, with no ledger."""
     settings = GuardSettings()
-    sandbox = Sandbox(latency_seconds=latency_ms / 1000)
-    target = UpstreamTarget(kind="inprocess", server=sandbox.server())
     schema = _send_email_schema()
     guard = Guard(ledger=None, upstream=None, settings=settings)  # type: ignore[arg-type]  (prepare needs neither)
     requests = iter([guard.prepare("send_email", lead_email(n, f"fwd{latency_ms}"), schema)[1] for n in range(sends)])
     dispatch: list[float] = []
-    async with connect_upstream(target, timeout_seconds=settings.timeout_seconds, heartbeat_seconds=None) as upstream:
+    async with (
+        sandbox_process(latency_ms) as hail,
+        connect_upstream(
+            upstream_of(hail), timeout_seconds=settings.timeout_seconds, heartbeat_seconds=None
+        ) as upstream,
+    ):
 
         async def loop() -> None:
             for request in requests:

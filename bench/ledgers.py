@@ -1,10 +1,12 @@
 """Fresh ledgers for the benchmarks: a SQLite file, or a database on a throwaway PostgreSQL.
 
-PostgreSQL comes from the tests' own code path (`tests/postgres.py`): the server named by
-`HAIL_GUARD_TEST_POSTGRES_URL`, else a cluster started from `pg_config --bindir` (as the
-`postgres` user when root) in /dev/shm, with durability switched off (fsync, synchronous_commit),
-stopped and deleted at the end. Each case gets its own database, copied from a migrated template.
-A machine without PostgreSQL gets `skipped: <why>` for the PostgreSQL cases.
+Both run as users run them, durable. SQLite is the product's own file (WAL, `synchronous = FULL`)
+on the ordinary temporary filesystem (a disk). PostgreSQL comes from the tests' own code path
+(`tests/postgres.py`): the server named by `HAIL_GUARD_TEST_POSTGRES_URL`, else a cluster started
+from `pg_config --bindir` (as the `postgres` user when root) on disk with PostgreSQL's durable
+defaults (`fsync`, `synchronous_commit`, `full_page_writes` on), stopped and deleted at the end; the
+settings it ran with are read back and printed with the figures. Each case gets its own database,
+copied from a migrated template. A machine without PostgreSQL gets `skipped: <why>`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Ledgers:
         self._postgres_missing: str | None = None
         self._postgres_cm: AbstractContextManager[PostgresServer] | None = None
         self.postgres_version: str | None = None
+        self.postgres_settings: str | None = None
 
     def start(self) -> None:
         if "postgres" not in self.kinds:
@@ -40,9 +43,9 @@ class Ledgers:
             self._postgres_missing = reason
             return
         try:
-            self._postgres_cm = postgres.postgres_server()
+            self._postgres_cm = postgres.postgres_server(durable=True)
             self._postgres = self._postgres_cm.__enter__()
-            self.postgres_version = postgres.run(_server_version(self._postgres.admin_url))
+            self.postgres_version, self.postgres_settings = postgres.run(_server_facts(self._postgres.admin_url))
         except (RuntimeError, OSError) as exc:
             self._postgres_missing = f"the throwaway PostgreSQL did not start: {exc}"
 
@@ -88,12 +91,18 @@ def scratch_folder() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-async def _server_version(admin_url: str) -> str:
+SQLITE_SETTINGS = "WAL, synchronous = FULL (the product's own), on disk"
+
+
+async def _server_facts(admin_url: str) -> tuple[str, str]:
+    """The server's version, and the durability settings every PostgreSQL figure ran with."""
     import asyncpg  # optional: the `postgres` extra
 
     db = await asyncpg.connect(admin_url)
     try:
         version: str = await db.fetchval("SHOW server_version")
+        names = ("fsync", "synchronous_commit", "full_page_writes")
+        settings = ", ".join([f"{name} = {await db.fetchval(f'SHOW {name}')}" for name in names])
     finally:
         await db.close()
-    return version
+    return version, settings

@@ -19,14 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 from rich.console import Console
 
-from bench import drain, growth, memory, overhead, startup
+from bench import drain, growth, limits, memory, overhead, startup
 from bench.figures import Figure, Report, skipped
-from bench.ledgers import KINDS, Ledgers, scratch_folder
+from bench.ledgers import KINDS, SQLITE_SETTINGS, Ledgers, scratch_folder
 from bench.workload import quiet_logs
 
-CASES = ("overhead", "drain", "growth", "startup", "memory")
+CASES = ("limits", "overhead", "drain", "growth", "startup", "memory")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Sizes:
     startup_runs: int
     memory_sends: int
     memory_concurrency: int
+    limits_sends: int
 
 
 FULL = Sizes(
@@ -57,6 +59,7 @@ FULL = Sizes(
     startup_runs=7,
     memory_sends=100_000,
     memory_concurrency=32,
+    limits_sends=5_000,
 )
 QUICK = Sizes(
     overhead_iterations={0: 60, 20: 20},
@@ -70,6 +73,7 @@ QUICK = Sizes(
     startup_runs=1,
     memory_sends=200,
     memory_concurrency=32,
+    limits_sends=500,
 )
 
 
@@ -180,6 +184,27 @@ def _growth(run: _Run) -> None:
         run.report.figures.extend(growth.figures(kind, timings[0], timings[1]))
 
 
+def _limits(run: _Run) -> None:
+    sends, concurrency = run.options.sizes.limits_sends, run.options.sizes.drain_concurrency
+    for kind in run.usable("limits", "disk and ledger"):
+
+        async def case(kind: str = kind) -> list[Figure]:
+            async with run.ledgers.fresh(kind) as url:
+                if kind == "sqlite":
+                    commits = await anyio.to_thread.run_sync(limits.sqlite_commits_per_second, run.folder)
+                    settings = SQLITE_SETTINGS
+                else:
+                    commits = await limits.postgres_commits_per_second(url)
+                    settings = run.ledgers.postgres_settings or "-"
+                rate = await limits.ledger_only(url, sends, concurrency)
+            return [
+                limits.disk_figure(kind, commits, settings),
+                limits.ledger_figure(kind, rate, commits, sends, concurrency),
+            ]
+
+        run.report.figures.extend(run.step(f"limits, {kind}", lambda case=case: anyio.run(case)))
+
+
 def _startup(run: _Run) -> None:
     runs = run.options.sizes.startup_runs
     figure: Figure = run.step("start-up", lambda: anyio.run(startup.measure, run.folder, runs))
@@ -196,6 +221,7 @@ def _memory(run: _Run) -> None:
 
 
 _RUNNERS: dict[str, Callable[[_Run], None]] = {
+    "limits": _limits,
     "overhead": _overhead,
     "drain": _drain,
     "growth": _growth,
@@ -211,8 +237,8 @@ def machine(ledgers: Ledgers) -> dict[str, Any]:
         "ram": f"{_ram_gib():.0f} GiB",
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "postgresql": ledgers.postgres_version or "-",
+        "sqlite": f"{sqlite3.sqlite_version}; {SQLITE_SETTINGS}",
+        "postgresql": f"{ledgers.postgres_version}; {ledgers.postgres_settings}" if ledgers.postgres_version else "-",
         "mcp": version("mcp"),
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),

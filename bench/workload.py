@@ -1,17 +1,24 @@
-"""What the benchmarks send, and hail-guard opened in process in front of a sandbox.
+"""What the benchmarks send, and hail-guard opened in front of a sandbox: in process, or in a process of its own.
 
 Every send is a distinct lead (its own address, body and metadata ids), so no send is answered
 from the ledger or refused as a probable duplicate: each one is recorded and forwarded. Logging
 runs at hail-guard's default level (info), rendered as JSON as in production, into /dev/null.
+`sandbox_process` runs the fake Hail as real Hail runs: another process, over Streamable HTTP, so
+that it does not share hail-guard's event loop.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
+
+import anyio
+import httpx2
 
 from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import open_ledger
@@ -56,10 +63,34 @@ def quiet_logs() -> Iterator[None]:
 
 
 @asynccontextmanager
-async def open_guarded(ledger_url: str, sandbox: Sandbox) -> AsyncIterator[Proxy]:
-    """hail-guard over `ledger_url`, chained to `sandbox` in process, with its default settings."""
+async def sandbox_process(latency_ms: float) -> AsyncIterator[str]:
+    """`hail-guard sandbox` in a process of its own, answering after `latency_ms`; yields its URL once it serves."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "hail_guard", "sandbox", "--port", str(port), "--latency-ms", str(latency_ms)]
+    url = f"http://127.0.0.1:{port}/"
+    async with await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as process:
+        try:
+            async with httpx2.AsyncClient() as http:
+                with anyio.fail_after(30):
+                    while True:  # another process: its health endpoint is the readiness signal
+                        try:
+                            if (await http.get(f"{url}healthz")).status_code == 200:
+                                break
+                        except httpx2.TransportError:
+                            await anyio.sleep(0.05)
+            yield url
+        finally:
+            process.terminate()
+
+
+@asynccontextmanager
+async def open_guarded(ledger_url: str, sandbox: Sandbox | str) -> AsyncIterator[Proxy]:
+    """hail-guard over `ledger_url`, chained to `sandbox` (in process, or the URL of `sandbox_process`), with
+    its default settings."""
     settings = GuardSettings()
-    target = UpstreamTarget(kind="inprocess", server=sandbox.server())
+    target = upstream_of(sandbox)
     async with (
         open_ledger(ledger_url) as ledger,
         connect_upstream(target, timeout_seconds=settings.timeout_seconds, heartbeat_seconds=None) as upstream,
@@ -67,3 +98,10 @@ async def open_guarded(ledger_url: str, sandbox: Sandbox) -> AsyncIterator[Proxy
         proxy = Proxy(Guard(ledger, upstream, settings), upstream)
         await proxy.refresh_tools()
         yield proxy
+
+
+def upstream_of(sandbox: Sandbox | str) -> UpstreamTarget:
+    """The upstream a benchmark talks to: a sandbox in process, or one over HTTP at this URL."""
+    if isinstance(sandbox, str):
+        return UpstreamTarget(kind="http", url=sandbox)
+    return UpstreamTarget(kind="inprocess", server=sandbox.server())

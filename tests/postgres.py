@@ -103,8 +103,11 @@ def find_bindir() -> Path | None:
 
 
 @contextmanager
-def postgres_server() -> Iterator[PostgresServer]:
-    """The server named by the environment, or a throwaway cluster; with a migrated template database."""
+def postgres_server(*, durable: bool = False) -> Iterator[PostgresServer]:
+    """The server named by the environment, or a throwaway cluster; with a migrated template database.
+
+    `durable` (the benchmarks): a cluster on disk with PostgreSQL's durable defaults (`fsync`,
+    `synchronous_commit` and `full_page_writes` on), as a ledger is run; the tests' is fast instead."""
     if url := os.environ.get(ENV_URL):
         with _template(url, password_login=False) as server:
             yield server
@@ -112,7 +115,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     bindir = find_bindir()
     if bindir is None:
         raise RuntimeError(missing_reason())
-    with throwaway_cluster(bindir) as url, _template(url, password_login=True) as server:
+    with throwaway_cluster(bindir, durable=durable) as url, _template(url, password_login=True) as server:
         run(server.execute(f"CREATE ROLE {PASSWORD_ROLE} LOGIN PASSWORD '{PASSWORD}'"))
         yield server
 
@@ -131,9 +134,9 @@ def _template(admin_url: str, *, password_login: bool) -> Iterator[PostgresServe
 
 
 @contextmanager
-def throwaway_cluster(bindir: Path) -> Iterator[str]:
+def throwaway_cluster(bindir: Path, *, durable: bool = False) -> Iterator[str]:
     """initdb + pg_ctl start in a temporary folder; yields the superuser's URL; stops and deletes it all."""
-    folder = Path(tempfile.mkdtemp(prefix="hail-guard-pg-", dir=_fast_folder()))
+    folder = Path(tempfile.mkdtemp(prefix="hail-guard-pg-", dir=None if durable else _fast_folder()))
     data = folder / "data"
     try:
         _chown_to_postgres(folder)
@@ -145,7 +148,7 @@ def throwaway_cluster(bindir: Path) -> Iterator[str]:
             f"host all {PASSWORD_ROLE} 127.0.0.1/32 scram-sha-256\n"
             "host all all 127.0.0.1/32 trust\n"
         )
-        port = _start(bindir, data, folder)
+        port = _start(bindir, data, folder, durable=durable)
         try:
             yield f"postgresql://{SUPERUSER}@127.0.0.1:{port}/postgres"
         finally:
@@ -162,14 +165,17 @@ def _fast_folder() -> str | None:
     return None  # the system's temporary folder
 
 
-def _start(bindir: Path, data: Path, folder: Path) -> int:
+FAST = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c wal_level=minimal -c max_wal_senders=0"
+"""The tests' cluster forgets commits on a power cut, which a test never meets; a ledger must never run so."""
+
+
+def _start(bindir: Path, data: Path, folder: Path, *, durable: bool = False) -> int:
     """Start on a free port (another process may take it in between: then try another)."""
     for _ in range(3):
         port = _free_port()
         options = (
             f"-c port={port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={folder} "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 "
-            "-c wal_level=minimal -c max_wal_senders=0 -c max_wal_size=256MB"
+            f"-c max_connections=200 -c max_wal_size=256MB {'' if durable else FAST}"
         )
         log = folder / "postgres.log"
         pg_ctl = [str(bindir / "pg_ctl"), "start", "-w", "-t", str(START_SECONDS), "-D", str(data), "-l", str(log)]
