@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from hail_guard import drill, policy
+from hail_guard import drill, keys, policy
 from hail_guard.batch import Batches
 from hail_guard.cli import drill as command_line
 from hail_guard.config import Settings
@@ -62,7 +62,7 @@ async def test_the_command_with_the_default_leads_prints_a_table_and_exits_0(
     assert code == command_line.EXIT_OK
     assert re.search(r"│ unknown -> reconcile -> accepted +│ unguarded: 2 sent, guarded: 1 sent +│ holds", out)
     assert "unguarded: 101 sent, guarded: 100 sent" in out  # the batch that dies and is resumed
-    assert "All 12 scenarios hold: nobody got a message twice and nothing was lost" in out
+    assert "All 13 scenarios hold: nobody got a message twice and nothing was lost" in out
     assert "seed 42, 100 leads, 2 workers" in out
     assert "workers claim" in out
     assert "FAILS" not in out
@@ -76,7 +76,7 @@ async def test_every_scenario_holds_on_a_small_batch_and_the_json_parses(capsys:
     assert report["passed"] is True
     assert (report["seed"], report["leads"], report["workers"], report["ledger"]) == (5, SMALL, 3, None)
     assert [(s["number"], s["verdict"], s["failed_check"]) for s in report["scenarios"]] == [
-        (number, "holds", None) for number in range(1, 13)
+        (number, "holds", None) for number in range(1, 14)
     ]
     assert all(s["sent"] == s["expected"] for s in report["scenarios"])
     assert [s["expected"] for s in report["scenarios"] if s["number"] in (3, 5, 6)] == [SMALL, SMALL, SMALL - 1]
@@ -93,11 +93,15 @@ async def test_every_scenario_holds_on_a_small_batch_and_the_json_parses(capsys:
         "seconds",
     }
     unguarded = {s["number"]: s["without_guard"]["sent"] for s in report["scenarios"]}
-    assert unguarded == {1: 2, 2: 2, 3: SMALL + 1, 4: 2, 5: 3 * SMALL, 6: SMALL, 7: 1, 8: 2, 9: 2, 10: 2, 11: 2, 12: 2}
+    assert unguarded == {
+        **{1: 2, 2: 2, 3: SMALL + 1, 4: 2, 5: 3 * SMALL, 6: SMALL, 7: 1, 8: 2, 9: 2, 10: 2, 11: 2, 12: 2},
+        13: 2,
+    }
     saw = {s["number"]: " -> ".join(s["agent_saw"]) for s in report["scenarios"]}
     assert saw[2] == "unknown -> reconcile -> accepted"
     assert saw[1] == "unknown -> unknown (from the ledger) -> reconcile -> accepted"
     assert saw[11] == "unknown -> unknown (from the ledger) -> reconcile -> accepted"
+    assert saw[13] == "unknown -> unknown (from the ledger) -> reconcile -> accepted"
     assert report["replay"] == f"hail-guard drill --seed 5 --leads {SMALL} --workers 3"
 
 
@@ -208,7 +212,7 @@ def test_a_printed_ledger_url_hides_its_password() -> None:
     assert "--ledger postgresql://db:5432/hg" in report.replay_command()
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--leads", "0"), ("--workers", "x"), ("--scenario", "13")])
+@pytest.mark.parametrize(("flag", "value"), [("--leads", "0"), ("--workers", "x"), ("--scenario", "14")])
 def test_bad_numbers_are_usage_errors(flag: str, value: str) -> None:
     with pytest.raises(SystemExit):
         command(flag, value)
@@ -329,6 +333,12 @@ def gateway_error_taken_as_failed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(policy._FIRST_ATTEMPT, AnswerKind.GATEWAY_ERROR, State.FAILED)
 
 
+def retries_compared_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    """13: a message's fingerprint is its exact form (as before retries were recognised by meaning)."""
+    exact = lambda tool, arguments: keys.fingerprint(keys.canonical_json({"tool": tool, **arguments}))  # noqa: E731
+    monkeypatch.setattr(keys, "content_fingerprint", exact)
+
+
 SABOTAGE: dict[int, Callable[[pytest.MonkeyPatch], None]] = {
     1: retry_forwarded_again,
     2: timeout_taken_as_accepted,
@@ -342,6 +352,7 @@ SABOTAGE: dict[int, Callable[[pytest.MonkeyPatch], None]] = {
     10: key_retention_ignored,
     11: no_duplicate_window,
     12: gateway_error_taken_as_failed,
+    13: retries_compared_byte_for_byte,
 }
 
 
@@ -371,7 +382,7 @@ async def test_the_drill_runs_through_a_spawned_serve_over_stdio_and_keeps_what_
     code = await command_line.drill_command(command(*argv), Settings())
     out = " ".join(capsys.readouterr().out.split())
     assert code == command_line.EXIT_OK, out
-    assert "All 12 scenarios hold" in out
+    assert "All 13 scenarios hold" in out
     assert "over stdio" in out
     assert f"kept in {keep}" in out
     assert re.search(r"│ unknown -> reconcile -> accepted +│ unguarded: 2 sent, guarded: 1 sent +│ holds", out)

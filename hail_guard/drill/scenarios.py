@@ -1,4 +1,4 @@
-"""The drill's twelve scenarios: each names its faults, sets what it expects, and checks as it goes.
+"""The drill's thirteen scenarios: each names its faults, sets what it expects, and checks as it goes.
 
 A scenario drives the agent (a real MCP client) through a `Rig`; its checks are claims about what
 hail-guard does, and the outbox of its sandbox is the ground truth `run_drill` judges afterwards.
@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 
 import anyio
 
@@ -314,6 +314,33 @@ async def _gateway_error_hid_success(drill: Drill, run: Run) -> None:
         await _settles_accepted(rig, run, first["operation_id"], "reconcile finds the accepted message behind the 5xx")
 
 
+def regenerated(email: dict[str, Any]) -> dict[str, Any]:
+    """The same email as an LLM writes it again: a null field added, the recipient re-cased, a trailing space."""
+    return {
+        **email,
+        "cc": None,
+        "to": [address.upper() for address in email["to"]],
+        "body_text": f"{email['body_text']} ",
+    }
+
+
+async def _regenerated_retry(drill: Drill, run: Run) -> None:
+    run.faults = "Hail accepts, then drops the connection; the agent writes its retry again, differing in form"
+    run.expected = 1
+    email = {name: value for name, value in drill.lead(13, 0).items() if name != "metadata"}  # the key: a hash
+    async with drill.rig(13, run, drill.sandbox(13, "send_email:1:drop_after_accept")) as rig:
+        first = await rig.send(email, "the dropped send")
+        check(first["state"] == "unknown", f"the lost answer is recorded unknown (got {first['state']})")
+        retry = await rig.send(regenerated(email), "the regenerated retry")
+        check(
+            retry["operation_id"] == first["operation_id"] and retry.get("replayed") is True,
+            f"the retry is recognised by meaning and answered from the first send (got {retry['state']}, "
+            f"Hail got {rig.sandbox.calls('send_email')} calls)",
+        )
+        check("reconcile" in retry["next_step"], "the agent is told to reconcile, not to resend")
+        await _settles_accepted(rig, run, first["operation_id"], "reconcile finds the one accepted message")
+
+
 @dataclass(frozen=True)
 class Scenario:
     number: int
@@ -338,4 +365,5 @@ SCENARIOS: Final[tuple[Scenario, ...]] = (
     Scenario(10, "an unknown older than Hail's key retention", _unknown_past_retention, unguarded.past_retention),
     Scenario(11, "the agent mints a new key for the same content", _new_key_same_content, unguarded.new_key),
     Scenario(12, "a gateway 5xx that hid a success", _gateway_error_hid_success, unguarded.gateway_error),
+    Scenario(13, "the agent regenerates its retry", _regenerated_retry, unguarded.regenerated_retry),
 )

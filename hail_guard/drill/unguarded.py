@@ -108,3 +108,11 @@ async def new_key(drill: Drill) -> int:
 
 async def gateway_error(drill: Drill) -> int:
     return await _retried(drill, 12, "send_email:1:error_after_accept:502")
+
+
+async def regenerated_retry(drill: Drill) -> int:
+    sandbox = drill.sandbox(13, "send_email:1:drop_after_accept", unguarded=True)
+    email = {name: value for name, value in drill.lead(13, 0).items() if name != "metadata"}
+    if not await _answered(sandbox, email):
+        await _answered(sandbox, {**email, "cc": None, "body_text": f"{email['body_text']} "})
+    return len(sandbox.outbox)
