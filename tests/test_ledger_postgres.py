@@ -28,7 +28,7 @@ from hail_guard.errors import (
 )
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.models import Intent, Outcome, State
-from tests.postgres import PASSWORD, PASSWORD_ROLE, PostgresServer
+from tests.postgres import PASSWORD, PASSWORD_ROLE, PostgresServer, find_bindir, missing_reason, throwaway_cluster
 from tests.test_ledger_contract import ACCEPTED, batch_intents, intent
 
 asyncpg = pytest.importorskip("asyncpg", reason="the PostgreSQL ledger needs the `postgres` extra")
@@ -472,3 +472,24 @@ async def test_an_outcome_after_the_lease_ran_out_is_logged_from_unknown(postgre
         (State.SENDING, State.UNKNOWN),
         (State.UNKNOWN, State.ACCEPTED),
     ]
+
+
+async def test_migrating_onto_a_server_that_may_forget_commits_says_so(postgres_server: PostgresServer) -> None:
+    async with postgres_server.database(migrated=False) as url:
+        await postgres_server.execute(f'ALTER DATABASE "{url.rsplit("/", 1)[-1]}" SET synchronous_commit = off')
+        with capture_logs() as logs:
+            await migrate(url)
+    [warning] = [entry for entry in logs if entry["event"] == "ledger_not_durable"]
+    assert warning["log_level"] == "warning"
+    assert warning["synchronous_commit"] == "off"
+    assert "turn fsync and synchronous_commit on" in warning["message"]
+
+
+def test_a_durable_server_migrates_without_a_warning() -> None:
+    bindir = find_bindir()
+    if bindir is None:
+        pytest.skip(missing_reason() or "no PostgreSQL binaries")
+    with throwaway_cluster(bindir, durable=True) as url, capture_logs() as logs:
+        anyio.run(migrate, url)
+    assert [entry["version"] for entry in logs if entry["event"] == "ledger_migrated"] == list(range(1, LATEST + 1))
+    assert not [entry for entry in logs if entry["event"] == "ledger_not_durable"]

@@ -406,9 +406,11 @@ async def migrate(url: str, *, connect_timeout_seconds: float = 10.0) -> int:
 
 
 async def _warn_if_not_durable(db: asyncpg.Connection, where: str) -> None:
-    """The server acknowledges commits before they are on disk when `fsync` or `synchronous_commit` is off."""
+    """The server acknowledges commits before they are on disk when `fsync` or `synchronous_commit` is off.
+
+    (`local`, `remote_write` and `remote_apply` all wait for the primary's own flush.)"""
     settings = {name: await db.fetchval(f"SHOW {name}") for name in ("fsync", "synchronous_commit")}
-    if settings["fsync"] == "off" or settings["synchronous_commit"] in ("off", "local"):
+    if "off" in settings.values():
         log.warning(
             "ledger_not_durable",
             ledger=where,
