@@ -25,6 +25,8 @@ from hail_guard.upstream import connect_upstream
 
 EFFICIENCY_TARGET = 0.90
 THROUGHPUT_TARGET = 0.5
+SQLITE_RATE_TARGET = 1000.0
+"""Durable sends a second a SQLite drain at 0 ms must reach (issue 15): more than one fsync per commit allows."""
 
 
 class Drained:
@@ -138,6 +140,7 @@ def latency_figure(ledger: str, run: Drained, concurrency: int, latency_ms: int,
 def throughput_figure(ledger: str, run: Drained, forward: Drained, concurrency: int) -> Figure:
     ratio = run.rate / forward.rate
     per_send = ms(run.dispatch)
+    sqlite = ledger == "sqlite"
     return Figure(
         case="drain",
         name=f"drain {run.sends:,} sends, upstream 0 ms, concurrency {concurrency}: throughput vs forwarding",
@@ -146,8 +149,8 @@ def throughput_figure(ledger: str, run: Drained, forward: Drained, concurrency: 
         median=run.rate,
         baseline=forward.rate,
         ratio=ratio,
-        target=f">= {THROUGHPUT_TARGET:g}x forwarding",
-        met=ratio >= THROUGHPUT_TARGET,
+        target=f">= {THROUGHPUT_TARGET:g}x forwarding" + (f"; >= {SQLITE_RATE_TARGET:,.0f} sends/s" if sqlite else ""),
+        met=ratio >= THROUGHPUT_TARGET and (run.rate >= SQLITE_RATE_TARGET or not sqlite),
         note=(
             f"per send p50 {median(per_send):.2f} ms, p99 {percentile(per_send, 0.99):.2f} ms; "
             f"forwarding {forward.wall_seconds:.1f} s"

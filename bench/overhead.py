@@ -26,6 +26,8 @@ from hail_guard.server import build_server
 ADDED_P50_TARGET_MS = 2.0
 RATIO_TARGET = 1.05
 RATIO_TARGET_LATENCY_MS = 20
+ADDED_P99_TARGET_MS = 10.0
+"""At 0 ms upstream: a send must not stall behind the disk (issue 15)."""
 
 
 async def measure(ledger: str, ledger_url: str, latency_ms: int, iterations: int, warmup: int) -> list[Figure]:
@@ -78,6 +80,7 @@ def _figure(name: str, ledger: str, latency_ms: int, samples: dict[str, list[flo
     guarded, direct = ms(samples["guarded"]), ms(samples["direct"])
     p50, base = median(guarded), median(direct)
     added = p50 - base
+    added_p99 = percentile(guarded, 0.99) - percentile(direct, 0.99)
     ratio = p50 / base
     target, met = "", None
     if send:
@@ -85,10 +88,10 @@ def _figure(name: str, ledger: str, latency_ms: int, samples: dict[str, list[flo
             target = f"ratio <= {RATIO_TARGET}; added p50 <= {ADDED_P50_TARGET_MS:g} ms"
             met = ratio <= RATIO_TARGET and added <= ADDED_P50_TARGET_MS
         else:
-            target = f"added p50 <= {ADDED_P50_TARGET_MS:g} ms"
-            met = added <= ADDED_P50_TARGET_MS
+            target = f"added p50 <= {ADDED_P50_TARGET_MS:g} ms; added p99 <= {ADDED_P99_TARGET_MS:g} ms"
+            met = added <= ADDED_P50_TARGET_MS and added_p99 <= ADDED_P99_TARGET_MS
     note = (
-        f"added p50 {added:.2f} ms, p99 {percentile(guarded, 0.99) - percentile(direct, 0.99):.2f} ms; "
+        f"added p50 {added:.2f} ms, p99 {added_p99:.2f} ms; "
         f"direct p99 {percentile(direct, 0.99):.2f} ms; n={len(guarded)}"
     )
     return Figure(

@@ -51,6 +51,11 @@ BACKOFF_MIN_SECONDS = 0.25
 BACKOFF_MAX_SECONDS = 15.0
 HTTP_READ_SECONDS = 300.0
 MAX_TOOL_PAGES = 100
+STREAM_END_SECONDS = 0.05
+"""How long a closed event stream is read on for its end (see `_ReadToTheEnd`)."""
+KEEP_ALIVE = httpx2.Limits(max_connections=100, max_keepalive_connections=100)
+"""Every connection to Hail is kept for the next request (httpx keeps 20: a drain at concurrency 32 would
+close and reopen the others)."""
 _NOT_SENT_CODE = -32090  # in JSON-RPC's implementation-defined range; the mark below tells it is ours
 _NOT_SENT_MARK = "hail_guard_not_sent"
 _REFUSALS = ("connect", "auth", "session", "signin")
@@ -178,7 +183,7 @@ class _NotSentTransport(httpx2.AsyncBaseTransport):
     """Answers what surely did not reach Hail's tools with a marked JSON-RPC error (see module doc)."""
 
     def __init__(self, credentials: Credentials | None = None) -> None:
-        self._inner = httpx2.AsyncHTTPTransport()
+        self._inner = httpx2.AsyncHTTPTransport(limits=KEEP_ALIVE)
         self._credentials = credentials
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
@@ -200,6 +205,8 @@ class _NotSentTransport(httpx2.AsyncBaseTransport):
         except _CONNECT_FAILURES as exc:
             return _not_sent(request, "connect", _describe(exc))
         status = response.status_code
+        if _is_event_stream(request, response) and isinstance(response.stream, httpx2.AsyncByteStream):
+            response.stream = _ReadToTheEnd(response.stream)
         if status in (401, 403):
             reason = "auth"
         elif status == 404 and "mcp-session-id" in request.headers:  # the spec: an unknown session, not processed
@@ -216,6 +223,35 @@ class _NotSentTransport(httpx2.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def _is_event_stream(request: httpx2.Request, response: httpx2.Response) -> bool:
+    """A call's answer as an event stream (a POST's), not the session's standing GET stream."""
+    return request.method == "POST" and response.headers.get("content-type", "").startswith("text/event-stream")
+
+
+class _ReadToTheEnd(httpx2.AsyncByteStream):
+    """A POST's event stream that, when the SDK client closes it after the answer, first reads what is left.
+
+    The client closes the stream as soon as the answer's event arrives, before the server's end of the
+    stream, and httpcore then closes the connection: every call opened a new one (a TCP and a TLS
+    handshake). The server ends the stream right after the answer, so reading on briefly keeps the
+    connection for the next call; a stream that goes on is closed as before once the wait is over."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream) -> None:
+        self._inner = inner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for part in self._inner:
+            yield part
+
+    async def aclose(self) -> None:
+        try:
+            with anyio.move_on_after(STREAM_END_SECONDS):
+                async for _ in self._inner:
+                    pass
+        finally:
+            await self._inner.aclose()
 
 
 class Upstream:

@@ -117,6 +117,8 @@ class FaultProxy:
         self._link_up = anyio.Event()
         self._link_up.set()
         self._connections: set[anyio.CancelScope] = set()
+        self.connections_made = 0
+        """Client connections accepted so far."""
         self._listener_scope: anyio.CancelScope | None = None
         self._pending: set[Seen] = set()
         self._changed = anyio.Event()
@@ -197,6 +199,7 @@ class FaultProxy:
             changed.set()
 
     async def _relay(self, client: anyio.abc.SocketStream) -> None:
+        self.connections_made += 1
         with anyio.CancelScope() as scope:
             self._connections.add(scope)
             try:

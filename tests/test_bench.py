@@ -37,7 +37,7 @@ def test_the_smallest_quick_case_reports_each_figure_beside_its_baseline_and_tar
         assert figure.baseline > 0
         assert figure.ratio == figure.median / figure.baseline
         assert "added p50" in figure.note
-    assert send.target == "added p50 <= 2 ms"
+    assert send.target == "added p50 <= 2 ms; added p99 <= 10 ms"
     assert isinstance(send.met, bool)
     assert read.met is None
     assert {"cores", "python", "sqlite", "postgresql"} <= set(report.machine)

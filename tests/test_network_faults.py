@@ -153,6 +153,20 @@ async def test_a_short_delay_on_the_answer_is_only_slower(tmp_path: Path) -> Non
         assert rig.outbox_keys() == {KEY: 1}
 
 
+async def test_sends_after_the_first_reuse_its_connection_to_hail(tmp_path: Path) -> None:
+    """The SDK client closes a call's event stream at its answer; unread, its end would close the
+    connection, and every call would open a new one (a TLS handshake each, against the real Hail)."""
+    async with open_rig(tmp_path) as rig:
+        first = await rig.harness.call("send_email", lead_email(0))
+        assert guard_view(first)["state"] == "accepted", text(first)
+        opened = rig.link.connections_made
+        for lead in range(1, 6):
+            later = await rig.harness.call("send_email", lead_email(lead))
+            assert guard_view(later)["state"] == "accepted", text(later)
+    assert len(rig.sandbox.outbox) == 6
+    assert rig.link.connections_made == opened
+
+
 async def test_a_cut_link_refuses_the_send_cleanly_and_nothing_leaves(tmp_path: Path) -> None:
     async with open_rig(tmp_path) as rig:
         with anyio.fail_after(20):
