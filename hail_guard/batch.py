@@ -23,7 +23,7 @@ import anyio
 import structlog
 
 from hail_guard.crashpoints import crash_point
-from hail_guard.errors import RefusedByPolicy, UpstreamUnavailable
+from hail_guard.errors import BadInput, RefusedByPolicy, UpstreamUnavailable
 from hail_guard.guard import Guard, claim_token
 from hail_guard.models import BatchStatus, Intent, State
 
@@ -68,22 +68,24 @@ class Batches:
         return batch_id
 
     def _intents(self, sends: Iterable[PlannedSend]) -> Iterator[Intent]:
-        """Each send's intent, in order; refused (`RefusedByPolicy`) at the first bad send or repeat."""
+        """Each send's intent, in order; refused (`BadInput`, `RefusedByPolicy`) at the first bad send or repeat."""
         repeats = _Repeats()
         for send in sends:
             intent = self._intent(send)
             repeats.check(send, intent)
             yield intent
         if repeats.empty:
-            raise RefusedByPolicy("the batch has no sends; give at least one {tool, arguments}")
+            raise BadInput("the batch has no sends; give at least one {tool, arguments}")
 
     def _intent(self, send: PlannedSend) -> Intent:
         schema = self.schema_of(send.tool)
         if schema is None:
-            raise RefusedByPolicy(f"{send.where}: {send.tool!r} is not a guarded send tool of this upstream")
+            raise BadInput(f"{send.where}: {send.tool!r} is not a guarded send tool of this upstream")
         try:
             intent, _ = self.guard.prepare(send.tool, send.arguments, schema)
-        except RefusedByPolicy as exc:
+        except BadInput as exc:
+            raise BadInput(f"{send.where}: {exc}; nothing was planned") from None
+        except RefusedByPolicy as exc:  # a consent rule
             raise RefusedByPolicy(f"{send.where}: {exc}; nothing was planned") from None
         return intent
 
@@ -197,17 +199,17 @@ def sends_from_tool(arguments: Sequence[object]) -> list[PlannedSend]:
 
 def _planned(item: object, where: str) -> PlannedSend:
     if not isinstance(item, dict) or not isinstance(item.get("tool"), str):
-        raise RefusedByPolicy(f"{where}: give an object with `tool` and `arguments`; nothing was planned")
+        raise BadInput(f"{where}: give an object with `tool` and `arguments`; nothing was planned")
     arguments = item.get("arguments", {})
     if not isinstance(arguments, dict):
-        raise RefusedByPolicy(f"{where}: `arguments` must be an object; nothing was planned")
+        raise BadInput(f"{where}: `arguments` must be an object; nothing was planned")
     return PlannedSend(item["tool"], dict(arguments), where)
 
 
 def read_batch_file(path: str, schema_of: SchemaOf) -> Iterator[PlannedSend]:
     """JSON Lines (`{"tool": ..., "arguments": {...}}` per line) or CSV (see the README), read a line at a time."""
     if not Path(path).is_file():
-        raise RefusedByPolicy(f"cannot read the batch file {path}: no such file")
+        raise BadInput(f"cannot read the batch file {path}: no such file")
     return _read_sends(path, schema_of)
 
 
@@ -219,7 +221,7 @@ def _read_sends(path: str, schema_of: SchemaOf) -> Iterator[PlannedSend]:
             else:
                 yield from _jsonl_sends(file)
     except (OSError, UnicodeDecodeError) as exc:
-        raise RefusedByPolicy(f"cannot read the batch file {path}: {exc}; nothing was planned") from exc
+        raise BadInput(f"cannot read the batch file {path}: {exc}; nothing was planned") from exc
 
 
 def _jsonl_sends(lines: Iterable[str]) -> Iterator[PlannedSend]:
@@ -229,14 +231,14 @@ def _jsonl_sends(lines: Iterable[str]) -> Iterator[PlannedSend]:
         try:
             item = json.loads(line)
         except ValueError as exc:
-            raise RefusedByPolicy(f"line {number}: not valid JSON ({exc}); nothing was planned") from None
+            raise BadInput(f"line {number}: not valid JSON ({exc}); nothing was planned") from None
         yield _planned(item, f"line {number}")
 
 
 def _csv_sends(lines: Iterable[str], schema_of: SchemaOf) -> Iterator[PlannedSend]:
     reader = csv.DictReader(lines)
     if reader.fieldnames is None or "tool" not in reader.fieldnames:
-        raise RefusedByPolicy("line 1: a CSV batch needs a header row with a `tool` column")
+        raise BadInput("line 1: a CSV batch needs a header row with a `tool` column")
     for row in reader:
         number = reader.line_num
         tool = (row.pop("tool") or "").strip()
@@ -249,7 +251,7 @@ def _csv_sends(lines: Iterable[str], schema_of: SchemaOf) -> Iterator[PlannedSen
             try:
                 _put(arguments, path, _typed(cell, _cell_schema(properties, path)))
             except (ValueError, TypeError) as exc:
-                raise RefusedByPolicy(f"line {number}, column {column}: {exc}; nothing was planned") from None
+                raise BadInput(f"line {number}, column {column}: {exc}; nothing was planned") from None
         yield PlannedSend(tool, arguments, f"line {number}")
 
 

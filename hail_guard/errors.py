@@ -11,7 +11,9 @@
     │   ├── UpstreamUnavailable    nothing was sent: could not connect
     │   │   └── SignInRequired         nothing was sent: an operator must run `hail-guard login`
     │   └── UpstreamLost           the request may have left: timeout, dropped connection
-    ├── RefusedByPolicy        the request is refused before anything is recorded
+    ├── BadInput               a value, file or confirmation that cannot be used: fix it; nothing was recorded
+    │   └── BadRecipient           an address or number that cannot be read (`recipients`)
+    ├── RefusedByPolicy        a rule refuses the request before anything is recorded
     │   ├── KeyConflict            an existing key with a different request
     │   ├── Suppressed             the recipient opted out
     │   └── ProbableDuplicate      a new key for content that was already sent
@@ -77,8 +79,14 @@ class UpstreamLost(UpstreamError):
     """The request was sent (or may have been) but no answer came back."""
 
 
+class BadInput(HailGuardError):
+    """What was given cannot be used: a value the schema or Hail refuses, a file that cannot be read, a
+    confirmation not given. Nothing was recorded; the same call, corrected, may be made again."""
+
+
 class RefusedByPolicy(HailGuardError):
-    """The request is refused before anything is recorded; the key stays free."""
+    """A rule refuses the request (an opt-out, a repeat, a key in use, a changed tool, a review decision out
+    of turn) before anything is recorded; the key stays free."""
 
 
 class KeyConflict(RefusedByPolicy):

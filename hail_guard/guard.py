@@ -23,10 +23,10 @@ from hail_guard import delivery, keys, policy, recipients
 from hail_guard.crashpoints import check as check_crash_points
 from hail_guard.crashpoints import crash_point
 from hail_guard.errors import (
+    BadInput,
     LeaseLost,
     LedgerUnavailable,
     OutcomeNotRecorded,
-    RefusedByPolicy,
     UpstreamError,
     UpstreamLost,
     UpstreamUnavailable,
@@ -139,7 +139,7 @@ class Guard:
         request = dict(arguments)
         allow_duplicate = request.pop(ALLOW_DUPLICATE, False)
         if not isinstance(allow_duplicate, bool):
-            raise RefusedByPolicy(f"{ALLOW_DUPLICATE} must be true or false")
+            raise BadInput(f"{ALLOW_DUPLICATE} must be true or false")
         policy.validate_arguments(tool, request, input_schema)
         policy.check_hail_rules(tool, request)
         policy.check_consent(input_schema, request)

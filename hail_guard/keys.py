@@ -25,7 +25,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hail_guard.errors import ConfigError, RefusedByPolicy
+from hail_guard.errors import BadInput, ConfigError
 from hail_guard.recipients import RECIPIENT_FIELDS, BadRecipient, normalise_recipient
 
 KEY_FIELD = "idempotency_key"
@@ -59,12 +59,12 @@ def canonical_json(value: Any) -> str:
     try:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (ValueError, TypeError, RecursionError) as exc:  # e.g. an integer of more than 4,300 digits
-        raise RefusedByPolicy(f"the arguments are not a JSON value hail-guard can record: {exc}") from None
+        raise BadInput(f"the arguments are not a JSON value hail-guard can record: {exc}") from None
 
 
 def _refuse_non_finite(value: Any) -> None:
     if isinstance(value, float) and not math.isfinite(value):
-        raise RefusedByPolicy(f"{value!r} is not a JSON number; send a finite number or a string")
+        raise BadInput(f"{value!r} is not a JSON number; send a finite number or a string")
     if isinstance(value, Mapping):
         for item in value.values():
             _refuse_non_finite(item)
@@ -132,11 +132,11 @@ def meaning_of(value: Any) -> Any:
 
 def validate_key(key: object) -> str:
     if not isinstance(key, str) or not key.strip():
-        raise RefusedByPolicy(f"{KEY_FIELD} must be a non-empty string; omit it to let hail-guard derive one")
+        raise BadInput(f"{KEY_FIELD} must be a non-empty string; omit it to let hail-guard derive one")
     if len(key) > MAX_KEY_LENGTH:
-        raise RefusedByPolicy(f"{KEY_FIELD} is {len(key)} characters long; the limit is {MAX_KEY_LENGTH}")
+        raise BadInput(f"{KEY_FIELD} is {len(key)} characters long; the limit is {MAX_KEY_LENGTH}")
     if not key.isprintable() or any(ch.isspace() for ch in key):
-        raise RefusedByPolicy(f"{KEY_FIELD} must be printable with no whitespace: {key!r}")
+        raise BadInput(f"{KEY_FIELD} must be printable with no whitespace: {key!r}")
     return key
 
 
@@ -196,7 +196,7 @@ def _fill(template: str, tool: str, channel: str, arguments: Mapping[str, Any]) 
         else:
             values[name] = value
     if missing:
-        raise RefusedByPolicy(
+        raise BadInput(
             f"the key template {template!r} cannot be filled: missing {_names(missing)}; "
             f"add them to the arguments or pass {KEY_FIELD} yourself"
         )

@@ -8,7 +8,7 @@ there. Real requests nest a handful of levels (a batch's send's metadata is abou
 - `too_deep(raw)` scans the raw bytes of a body for brackets outside strings (no parsing): the
   HTTP edge (`gate`) and the webhook reader (`webhooks`) refuse such a body with 400.
 - `check_arguments(tool, arguments)` walks parsed tool arguments without recursion, for calls that
-  arrive already parsed (stdio, in memory): `RefusedByPolicy` names the limit, nothing is recorded.
+  arrive already parsed (stdio, in memory): `BadInput` names the limit, nothing is recorded.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hail_guard.errors import RefusedByPolicy
+from hail_guard.errors import BadInput
 
 MAX_DEPTH = 64
 """The deepest nesting of arrays and objects accepted, in a body or in a tool's arguments."""
@@ -59,9 +59,9 @@ def _children(value: Any) -> Iterable[Any] | None:
 
 
 def check_arguments(tool: str, arguments: Mapping[str, Any]) -> None:
-    """Refuse (`RefusedByPolicy`) arguments nested deeper than `MAX_DEPTH`, before anything looks inside."""
+    """Refuse (`BadInput`) arguments nested deeper than `MAX_DEPTH`, before anything looks inside."""
     if depth_of(arguments) > MAX_DEPTH:
-        raise RefusedByPolicy(
+        raise BadInput(
             f"the arguments for {tool} nest deeper than {MAX_DEPTH} levels of arrays and objects; "
             "flatten them and call again (nothing was recorded)"
         )

@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 
 from hail_guard import keys, nesting
-from hail_guard.errors import KeyConflict, ProbableDuplicate, RefusedByPolicy, Suppressed
+from hail_guard.errors import BadInput, KeyConflict, ProbableDuplicate, RefusedByPolicy, Suppressed
 from hail_guard.lifecycle import LIVE, UNRESOLVED
 from hail_guard.models import Answer, AnswerKind, Intent, Operation, Outcome, State, Suppression
 
@@ -268,10 +268,10 @@ def validate_arguments(tool: str, arguments: Mapping[str, Any], schema: Mapping[
         validator = jsonschema.Draft202012Validator(dict(schema))
         error = jsonschema.exceptions.best_match(validator.iter_errors(dict(arguments)))
     except (jsonschema.exceptions.SchemaError, RecursionError, ValueError) as exc:
-        raise RefusedByPolicy(f"the arguments for {tool} cannot be checked: {exc}") from exc
+        raise BadInput(f"the arguments for {tool} cannot be checked: {exc}") from exc
     if error is not None:
         where = ".".join(str(part) for part in error.absolute_path) or "(arguments)"
-        raise RefusedByPolicy(
+        raise BadInput(
             f"invalid arguments for {tool}: {where}: {error.message}; fix it and call again (nothing was recorded)"
         )
 
@@ -288,7 +288,7 @@ def check_hail_rules(tool: str, arguments: Mapping[str, Any]) -> None:
     """
     problem = _hail_rule_problem(tool, arguments)
     if problem is not None:
-        raise RefusedByPolicy(f"invalid arguments for {tool}: {problem}; fix it and call again (nothing was recorded)")
+        raise BadInput(f"invalid arguments for {tool}: {problem}; fix it and call again (nothing was recorded)")
 
 
 def _hail_rule_problem(tool: str, arguments: Mapping[str, Any]) -> str | None:
@@ -585,11 +585,11 @@ def check_review_decision(state: State, reason: str, provider_id: str | None = N
     """An operator's resolution must be a final state, say why, and give a provider id only when accepted."""
     if state not in REVIEW_RESOLUTIONS:
         names = ", ".join(s.value for s in REVIEW_RESOLUTIONS)
-        raise RefusedByPolicy(f"a review is resolved as one of {names}, not {state.value}; nothing changed")
+        raise BadInput(f"a review is resolved as one of {names}, not {state.value}; nothing changed")
     if not reason.strip():
-        raise RefusedByPolicy("say why (--reason): every review decision is kept in the history; nothing changed")
+        raise BadInput("say why (--reason): every review decision is kept in the history; nothing changed")
     if provider_id is not None and state is not State.ACCEPTED:
-        raise RefusedByPolicy("a provider id goes only with `accepted` (the id Hail gave the message); nothing changed")
+        raise BadInput("a provider id goes only with `accepted` (the id Hail gave the message); nothing changed")
 
 
 def not_in_review(operation: Operation, action: str) -> RefusedByPolicy:
@@ -606,10 +606,10 @@ def prune_age_seconds(older_than_days: float | None, *, key_retention_hours: flo
     A pruned key is forgotten by hail-guard; while Hail may still remember it, the ledger must too.
     """
     if older_than_days is None:
-        raise RefusedByPolicy("prune needs an age: --older-than DAYS; nothing was removed")
+        raise BadInput("prune needs an age: --older-than DAYS; nothing was removed")
     seconds = older_than_days * 86400.0
     if not math.isfinite(seconds) or seconds <= 0:
-        raise RefusedByPolicy(f"--older-than must be a positive number of days (got {older_than_days:g})")
+        raise BadInput(f"--older-than must be a positive number of days (got {older_than_days:g})")
     retention = key_retention_hours * 3600.0
     if seconds < retention:
         raise RefusedByPolicy(

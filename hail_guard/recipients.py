@@ -24,7 +24,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hail_guard.errors import RefusedByPolicy
+from hail_guard.errors import BadInput
 
 RECIPIENT_FIELDS = ("to", "cc", "bcc", "recipient", "recipients")
 """Argument names that name who receives a send; every one is checked against opt-outs."""
@@ -35,7 +35,7 @@ _INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
 _DISPLAY_FORM = re.compile(r"^(?P<name>.*)<(?P<address>[^<>]*)>$", re.DOTALL)
 
 
-class BadRecipient(RefusedByPolicy):
+class BadRecipient(BadInput):
     """A recipient that cannot be read as an address or a number; nothing is recorded."""
 
 

@@ -22,6 +22,7 @@ from mcp.server import Server, ServerRequestContext
 from hail_guard import __version__, keys, policy, recipients, review
 from hail_guard.batch import Batches, Progress, sends_from_tool
 from hail_guard.errors import (
+    BadInput,
     HailGuardError,
     KeyConflict,
     LedgerUnavailable,
@@ -370,7 +371,7 @@ class Proxy:
             return _error(f"unknown tool {name!r}; list the tools to see what hail-guard offers")
         except KeyConflict as exc:
             return _error(str(exc), {"differing_fields": exc.differing_fields})
-        except (RefusedByPolicy, NotFound) as exc:
+        except (BadInput, RefusedByPolicy, NotFound) as exc:
             return _error(str(exc))
         except SignInRequired as exc:
             return _error(str(exc))  # one sentence: nothing was sent, an operator must sign in again
@@ -482,7 +483,7 @@ class Proxy:
         """The operation named by `operation_id` or `idempotency_key` (either takes an id or a key)."""
         reference = arguments.get("operation_id", arguments.get("idempotency_key"))
         if reference is None:
-            raise RefusedByPolicy("give operation_id or idempotency_key")
+            raise BadInput("give operation_id or idempotency_key")
         return await find_operation(self.guard.ledger, reference)
 
 

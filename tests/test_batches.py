@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from hail_guard.batch import drain, read_batch_file
-from hail_guard.errors import RefusedByPolicy
+from hail_guard.errors import BadInput
 from hail_guard.models import State
 from tests.conftest import Harness, data, email, open_harness, text
 
@@ -209,7 +209,7 @@ def test_batch_files_in_jsonl_and_csv(tmp_path: Path) -> None:
 def test_malformed_batch_files_name_the_line(tmp_path: Path, name: str, content: str, message: str) -> None:
     path = tmp_path / name
     path.write_text(content)
-    with pytest.raises(RefusedByPolicy, match=message):
+    with pytest.raises(BadInput, match=message):
         list(read_batch_file(str(path), lambda _: {"properties": {"recipient_consent": {"type": "boolean"}}}))
 
 
@@ -251,5 +251,5 @@ def test_an_object_column_takes_a_json_object_and_refuses_anything_else(tmp_path
     csv_file.write_text('tool,metadata\nsend_email,"{""lead_id"": ""L1""}"\nsend_email,L2\n')
     sends = read_batch_file(str(csv_file), sandbox_schema)
     assert next(sends).arguments == {"metadata": {"lead_id": "L1"}}
-    with pytest.raises(RefusedByPolicy, match="line 3, column metadata"):
+    with pytest.raises(BadInput, match="line 3, column metadata"):
         next(sends)

@@ -23,7 +23,7 @@ from hail_guard.batch import Batches
 from hail_guard.cli import drill as command_line
 from hail_guard.config import Settings
 from hail_guard.drill import DrillOptions, DrillReport, Scenario, run_drill
-from hail_guard.errors import ConfigError
+from hail_guard.errors import BadInput, ConfigError
 from hail_guard.guard import Guard, SendReport
 from hail_guard.ledger import sql
 from hail_guard.ledger.sqlite import SqliteLedger
@@ -402,6 +402,6 @@ async def test_the_drill_over_stdio_holds_on_postgresql(postgres_server: Postgre
 
 async def test_keep_refuses_a_folder_that_is_not_empty(tmp_path: Path) -> None:
     (tmp_path / "something").write_text("mine")
-    with pytest.raises(ConfigError, match="give a new or empty folder"):
+    with pytest.raises(BadInput, match="give a new or empty folder"):
         await run_drill(DrillOptions(seed=1, scenarios=(4,), keep=tmp_path))
     assert [p.name for p in tmp_path.iterdir()] == ["something"]

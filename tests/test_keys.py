@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hail_guard import keys
-from hail_guard.errors import ConfigError, RefusedByPolicy
+from hail_guard.errors import BadInput, ConfigError
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
@@ -38,7 +38,7 @@ def test_canonical_json_of_its_own_parse_is_a_fixed_point(value: dict[str, Any])
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_canonical_json_refuses_non_finite_numbers(bad: float) -> None:
-    with pytest.raises(RefusedByPolicy, match="not a JSON number"):
+    with pytest.raises(BadInput, match="not a JSON number"):
         keys.canonical_json({"a": [1, {"b": bad}]})
 
 
@@ -81,7 +81,7 @@ def test_a_callers_key_is_used_as_is() -> None:
 
 @pytest.mark.parametrize("bad", ["", "   ", "has space", "tab\there", "x" * 256, 17, None])
 def test_bad_caller_keys_are_refused_with_what_to_do(bad: object) -> None:
-    with pytest.raises(RefusedByPolicy, match="idempotency_key"):
+    with pytest.raises(BadInput, match="idempotency_key"):
         keys.derive_key("send_email", {"idempotency_key": bad})
 
 
@@ -91,7 +91,7 @@ def test_a_configured_template_fills_from_arguments_and_metadata() -> None:
 
 
 def test_a_template_that_cannot_be_filled_names_what_is_missing() -> None:
-    with pytest.raises(RefusedByPolicy, match=r"missing metadata\.lead.*idempotency_key"):
+    with pytest.raises(BadInput, match=r"missing metadata\.lead.*idempotency_key"):
         keys.derive_key("send_sms", {"to": "+15550100"}, "{metadata.lead}:{channel}")
 
 
@@ -110,5 +110,5 @@ def test_content_fingerprint_ignores_key_and_metadata_but_not_the_message() -> N
 
 
 def test_canonical_json_refuses_what_it_cannot_write() -> None:
-    with pytest.raises(RefusedByPolicy, match="not a JSON value"):
+    with pytest.raises(BadInput, match="not a JSON value"):
         keys.canonical_json({"n": 10**4301})

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from hail_guard import delivery, keys
-from hail_guard.errors import LeaseLost, NotFound, ProbableDuplicate, RefusedByPolicy, Suppressed
+from hail_guard.errors import BadInput, LeaseLost, NotFound, ProbableDuplicate, RefusedByPolicy, Suppressed
 from hail_guard.ledger import Ledger, find_operation
 from hail_guard.models import (
     DeliveryObservation,
@@ -240,9 +240,9 @@ async def test_a_batch_with_a_known_key_plans_nothing(ledger: Ledger) -> None:
 async def test_a_batch_refused_part_way_through_its_sends_plans_nothing(ledger: Ledger) -> None:
     def sends_then_a_bad_line() -> Iterator[Intent]:
         yield from batch_intents(1200)  # more than one chunk is staged or written before the refusal
-        raise RefusedByPolicy("line 1201: not valid JSON; nothing was planned")
+        raise BadInput("line 1201: not valid JSON; nothing was planned")
 
-    with pytest.raises(RefusedByPolicy, match="line 1201"):
+    with pytest.raises(BadInput, match="line 1201"):
         await ledger.plan_batch(
             batch_id="B1", name=None, intents=sends_then_a_bad_line(), state=State.READY, actor="op"
         )
@@ -660,7 +660,7 @@ async def test_resolving_an_operation_that_is_not_in_review_is_refused(ledger: L
     op = await accepted(ledger)
     with pytest.raises(RefusedByPolicy, match="is accepted, not in review"):
         await ledger.resolve_review(op.id, state=State.FAILED, reason="oops", actor="alice")
-    with pytest.raises(RefusedByPolicy, match="resolved as one of"):
+    with pytest.raises(BadInput, match="resolved as one of"):
         await ledger.resolve_review((await in_review(ledger, "k2")).id, state=State.READY, reason="x", actor="a")
     with pytest.raises(NotFound):
         await ledger.resolve_review("missing", state=State.FAILED, reason="x", actor="a")
@@ -721,7 +721,7 @@ async def test_prune_removes_old_resolved_operations_with_their_events_and_nothi
     assert await ledger.delivery_events(done.id) == []
     assert (await ledger.get(review.id)).state is State.NEEDS_REVIEW
     assert await ledger.count_by_state() == {State.NEEDS_REVIEW: 1, State.PLANNED: 2, State.UNKNOWN: 1}
-    with pytest.raises(RefusedByPolicy, match="positive age"):
+    with pytest.raises(BadInput, match="positive age"):
         await ledger.prune(older_than_seconds=0.0)
 
 

@@ -18,6 +18,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from hail_guard.errors import (
+    BadInput,
     ConfigError,
     HailGuardError,
     LedgerUnavailable,
@@ -393,9 +394,9 @@ async def test_a_batch_streamed_in_many_chunks_is_planned_in_order_and_counted(p
 
 async def test_a_refusal_while_the_batch_is_read_plans_nothing_of_it(postgres_url: str) -> None:
     sends = batch_intents(PLAN_CHUNK * 2 + 7)
-    refusal = RefusedByPolicy("line 1008: not valid JSON; nothing was planned")
+    refusal = BadInput("line 1008: not valid JSON; nothing was planned")
     async with open_ledger(postgres_url) as ledger:
-        with pytest.raises(RefusedByPolicy, match="line 1008"):
+        with pytest.raises(BadInput, match="line 1008"):
             await ledger.plan_batch(
                 batch_id="B1", name=None, intents=streamed(sends, then=refusal), state=State.READY, actor="op"
             )

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from hail_guard import policy
-from hail_guard.errors import RefusedByPolicy
+from hail_guard.errors import BadInput, RefusedByPolicy
 from hail_guard.models import Answer, AnswerKind, Operation, State
 
 EMAIL_REQUEST = {"to": ["lead@example.com"], "subject": "Hi", "body_text": "Hello", "recipient_consent": True}
@@ -214,7 +214,7 @@ def test_marketing_needs_a_consent_source() -> None:
 
 def test_invalid_arguments_name_the_field() -> None:
     schema = {"type": "object", "properties": {"to": {"type": "array", "minItems": 1}}, "required": ["to"]}
-    with pytest.raises(RefusedByPolicy, match=r"invalid arguments for send_email: to: \[\] should be non-empty"):
+    with pytest.raises(BadInput, match=r"invalid arguments for send_email: to: \[\] should be non-empty"):
         policy.validate_arguments("send_email", {"to": []}, schema)
 
 
@@ -244,7 +244,7 @@ def test_tools_taking_a_key_are_guarded_unless_configured() -> None:
 def test_hails_own_pre_send_rules_are_checked_before_recording(
     tool: str, arguments: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(RefusedByPolicy, match=message):
+    with pytest.raises(BadInput, match=message):
         policy.check_hail_rules(tool, arguments)
 
 

@@ -34,7 +34,7 @@ from hail_guard.cli.terminal import (
     terminal_text,
 )
 from hail_guard.config import Settings
-from hail_guard.errors import ConfigError, RefusedByPolicy
+from hail_guard.errors import BadInput
 from hail_guard.ledger import find_operation
 from hail_guard.models import Operation, State
 from hail_guard.server import delivery_view, next_step, operation_view, request_view
@@ -217,7 +217,7 @@ def _export_target(path: str | None) -> Iterator[TextIO]:
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
-        raise ConfigError(f"cannot write the export to {path}: {exc.strerror} (it must be a new file)") from exc
+        raise BadInput(f"cannot write the export to {path}: {exc.strerror} (it must be a new file)") from exc
     with open(descriptor, "w", encoding="utf-8", newline="") as file:
         yield file
 
@@ -347,9 +347,7 @@ def _sighting_text(seen: Any) -> str:
 async def _confirm_resend(operation: Operation) -> bool:
     """Ask on the terminal; refuse (nothing sent) without one: scripts pass --yes."""
     if not sys.stdin.isatty():
-        raise RefusedByPolicy(
-            "review resend asks for confirmation: run it in a terminal, or pass --yes; nothing was resent"
-        )
+        raise BadInput("review resend asks for confirmation: run it in a terminal, or pass --yes; nothing was resent")
     recipients = terminal_text(", ".join(operation.recipients))
     key, new_key = terminal_text(operation.idempotency_key), terminal_text(keys.resend_key(operation.idempotency_key))
     print(

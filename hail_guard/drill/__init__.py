@@ -42,7 +42,7 @@ from hail_guard.drill.rig import (
     Transport,
 )
 from hail_guard.drill.scenarios import SCENARIOS, Scenario
-from hail_guard.errors import ConfigError
+from hail_guard.errors import BadInput
 from hail_guard.ledger import open_ledger
 
 __all__ = [
@@ -101,13 +101,11 @@ def _folder(keep: Path | None) -> Iterator[Path]:
             yield Path(folder)
         return
     if keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
-        raise ConfigError(
-            f"--keep {keep}: give a new or empty folder (the drill writes its ledgers and outboxes there)"
-        )
+        raise BadInput(f"--keep {keep}: give a new or empty folder (the drill writes its ledgers and outboxes there)")
     try:
         keep.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"--keep {keep}: cannot create the folder: {exc.strerror}") from exc
+        raise BadInput(f"--keep {keep}: cannot create the folder: {exc.strerror}") from exc
     yield keep
 
 

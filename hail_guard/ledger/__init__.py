@@ -87,7 +87,7 @@ class Ledger(Protocol):
         """Record a whole batch (`planned` or `ready`) or nothing; returns how many sends it holds.
 
         `intents` is read once, a chunk at a time (it may be a generator over a large file, and may raise
-        `RefusedByPolicy` part-way: then nothing is planned). Refused when a key is already in the ledger,
+        `BadInput` part-way: then nothing is planned). Refused when a key is already in the ledger,
         or when a send repeats the content of a live operation within the duplicate window; sends to
         opted-out recipients start `cancelled`."""
 

@@ -20,7 +20,7 @@ from importlib import resources
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from hail_guard import delivery, lifecycle, policy, recipients
-from hail_guard.errors import NotFound, RefusedByPolicy, SchemaTooNew
+from hail_guard.errors import BadInput, NotFound, RefusedByPolicy, SchemaTooNew
 from hail_guard.models import (
     BatchStatus,
     BatchSummary,
@@ -283,7 +283,7 @@ class LedgerCore(ABC):
 
     async def prune(self, *, older_than_seconds: float) -> PruneReport:
         if not older_than_seconds > 0:
-            raise RefusedByPolicy("prune needs a positive age; nothing was removed")
+            raise BadInput("prune needs a positive age; nothing was removed")
         return await self._write(_prune, older_than_seconds)
 
 

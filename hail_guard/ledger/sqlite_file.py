@@ -13,7 +13,7 @@ import sqlite3
 import tempfile
 from contextlib import closing, suppress
 
-from hail_guard.errors import LedgerError, LedgerUnavailable
+from hail_guard.errors import BadInput, LedgerError, LedgerUnavailable
 
 NETWORK_FILESYSTEMS = frozenset(
     {"nfs", "nfs4", "cifs", "smbfs", "smb3", "afs", "ceph", "glusterfs", "lustre", "9p", "fuse.sshfs", "davfs"}
@@ -66,7 +66,7 @@ def backup_file(source: str, path: str) -> int:
     absent, and never replaces a file (not one that was there, nor one that appears meanwhile)."""
     target = os.path.abspath(path)
     if os.path.lexists(target):
-        raise LedgerError(f"{path} already exists; a backup never overwrites a file: give a new path")
+        raise BadInput(f"{path} already exists; a backup never overwrites a file: give a new path")
     folder = os.path.dirname(target)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".partial", dir=folder)

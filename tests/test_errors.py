@@ -1,0 +1,47 @@
+"""The error tree: a usage error (a bad value, an unreadable file, a missing confirmation) is `BadInput`;
+`RefusedByPolicy` is a rule's refusal only. The command line exits 1 for both (tests/test_cli.py), 2 only
+where argparse refuses the words themselves."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from hail_guard import keys, policy, recipients
+from hail_guard.batch import read_batch_file, sends_from_tool
+from hail_guard.errors import BadInput, RefusedByPolicy
+from hail_guard.models import State
+
+CONSENTED = {"properties": {"recipient_consent": {"type": "boolean"}}}
+USAGE_ERRORS: dict[str, Callable[[], Any]] = {
+    "a batch file that is not there": lambda: list(read_batch_file("/no/such/file.jsonl", lambda _: None)),
+    "a send that is not an object": lambda: sends_from_tool(["send_email"]),
+    "a key with a space": lambda: keys.validate_key("has space"),
+    "a number JSON cannot hold": lambda: keys.canonical_json({"n": float("nan")}),
+    "an address that cannot be read": lambda: recipients.normalise_recipient("not an address", "email"),
+    "arguments the schema refuses": lambda: policy.validate_arguments("t", {"to": 1}, {"required": ["subject"]}),
+    "a number Hail refuses": lambda: policy.check_hail_rules("send_sms", {"to": "555-0100", "body": "b"}),
+    "a review resolved as ready": lambda: policy.check_review_decision(State.READY, "why"),
+    "a review decision without a reason": lambda: policy.check_review_decision(State.FAILED, " "),
+    "prune without an age": lambda: policy.prune_age_seconds(None, key_retention_hours=24),
+}
+RULES: dict[str, Callable[[], Any]] = {
+    "consent that is not true": lambda: policy.check_consent(CONSENTED, {"recipient_consent": "yes"}),
+    "prune inside Hail's key retention": lambda: policy.prune_age_seconds(0.5, key_retention_hours=24),
+}
+
+
+@pytest.mark.parametrize("make", USAGE_ERRORS.values(), ids=USAGE_ERRORS)
+def test_a_usage_error_is_bad_input_not_a_policy_refusal(make: Callable[[], Any]) -> None:
+    with pytest.raises(BadInput) as refused:
+        make()
+    assert not isinstance(refused.value, RefusedByPolicy)
+
+
+@pytest.mark.parametrize("make", RULES.values(), ids=RULES)
+def test_a_rule_is_a_policy_refusal_not_bad_input(make: Callable[[], Any]) -> None:
+    with pytest.raises(RefusedByPolicy) as refused:
+        make()
+    assert not isinstance(refused.value, BadInput)
