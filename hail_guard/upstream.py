@@ -13,6 +13,8 @@ become ours, sorts them by "could the request have left?":
     anything else (other OSError/httpx2 errors, anyio Closed/Broken/EndOfStream, TimeoutError,
       RuntimeError, pydantic ValidationError); a group unless every leaf is Unavailable   -> UpstreamLost
 
+Messages and logs name Hail by `UpstreamTarget.display` and mask its `secrets` (the token, a password in the
+URL) wherever a foreign message repeats them; such a message is not chained.
 A JSON-RPC error Hail itself sends to `tools/call` becomes `CallToolResult(is_error=True)`: Hail answered.
 `ClientSession.send_request` skips the SDK's output-schema check (a RuntimeError plus a hidden `tools/list`):
 an upstream schema bug reaches the caller as the answer Hail gave. On Streamable HTTP the SDK lets a failed
@@ -25,7 +27,7 @@ Cancellation is never caught: the SDK then sends `notifications/cancelled` upstr
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
@@ -42,6 +44,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
 
 from hail_guard.errors import ConfigError, SignInRequired, UpstreamError, UpstreamLost, UpstreamUnavailable
+from hail_guard.urls import masked, parse_url
 
 log = structlog.get_logger(__name__)
 
@@ -112,6 +115,12 @@ class UpstreamTarget:
             return str(httpx2.URL(self.url or "").copy_with(userinfo=b"", query=None, fragment=None))
         return f"stdio command {self.command[0]!r}" if self.kind == "stdio" else "the in-process server"
 
+    @property
+    def secrets(self) -> frozenset[str]:
+        """What no message or log may show: the token, and every spelling of a password the URL carries."""
+        found = {self.token, *(parse_url(self.url).secrets if self.url else ())}
+        return frozenset(secret for secret in found if secret)
+
     def __repr__(self) -> str:
         return f"UpstreamTarget(kind={self.kind!r}, at={self.display!r})"
 
@@ -122,11 +131,21 @@ def map_error(
     target: str,
     timeout_seconds: float,
     token_env: str = "HAIL_API_KEY",  # noqa: S107
+    secrets: Collection[str] = (),
 ) -> UpstreamUnavailable | UpstreamLost:
-    """Translate a foreign failure: `UpstreamUnavailable` only when nothing can have been sent."""
+    """Translate a foreign failure: `UpstreamUnavailable` only when nothing can have been sent. `secrets`
+    (`UpstreamTarget.secrets`) are masked wherever the foreign message repeats them."""
+    mapped = _mapped(exc, target=target, timeout_seconds=timeout_seconds, token_env=token_env)
+    said = masked(str(mapped), secrets)
+    return mapped if said == str(mapped) else type(mapped)(said)
+
+
+def _mapped(
+    exc: BaseException, *, target: str, timeout_seconds: float, token_env: str
+) -> UpstreamUnavailable | UpstreamLost:
     if isinstance(exc, BaseExceptionGroup):
         mapped = [
-            map_error(e, target=target, timeout_seconds=timeout_seconds, token_env=token_env) for e in exc.exceptions
+            _mapped(e, target=target, timeout_seconds=timeout_seconds, token_env=token_env) for e in exc.exceptions
         ]
         return next((e for e in mapped if isinstance(e, UpstreamLost)), mapped[0])
     refusal, why = _refusal(exc), _describe(exc)
@@ -328,14 +347,18 @@ class Upstream:
             if answered is not None and isinstance(exc, MCPError) and exc.code not in _SDK_CODES:
                 log.info("upstream_error_answer", target=self.target.display, code=exc.code)
                 return answered(exc)
-            error = map_error(
-                exc, target=self.target.display, timeout_seconds=timeout_seconds, token_env=self.target.token_env
-            )
-            log.warning("upstream_request_failed", target=self.target.display, method=request.method,
-                        outcome=type(error).__name__, error=_describe(exc))  # fmt: skip
+            target, said = self.target, self._said(exc)
+            error = map_error(exc, target=target.display, timeout_seconds=timeout_seconds,
+                              token_env=target.token_env, secrets=target.secrets)  # fmt: skip
+            log.warning("upstream_request_failed", target=target.display, method=request.method,
+                        outcome=type(error).__name__, error=said)  # fmt: skip
             if _breaks_connection(exc):
-                self._mark_broken(session, _describe(exc))
-            raise error from exc
+                self._mark_broken(session, said)
+            raise error from (exc if said == _describe(exc) else None)  # a chain that repeats a secret stays out
+
+    def _said(self, exc: BaseException) -> str:
+        """A foreign failure in words, as a log or an error may show it."""
+        return masked(_describe(exc), self.target.secrets)
 
     async def _live_session(self) -> ClientSession:
         credentials = self.target.credentials
@@ -381,7 +404,7 @@ class Upstream:
                     await tg.start(self._hold)
                 connected = True
         except Exception as exc:  # the supervisor outlives every failure of one connection
-            self._last_error = _describe(exc)
+            self._last_error = self._said(exc)
             event = "upstream_connection_lost" if connected else "upstream_connect_failed"
             log.warning(event, target=self.target.display, error=self._last_error, retry_seconds=self._backoff)
         if not connected:

@@ -7,7 +7,7 @@ text leaks it. `parse_url` reads the URL the safe way round: when an `@` follows
 or `#` (outside a `password=` value), the user information runs to the last such `@`. Its
 `display` shows only the scheme, the host(s) and port(s) and the path (the database), read back
 from those parts: never the user information, the query or the fragment. Its `secrets` are every
-spelling of a password the URL may hold, to scrub from a driver's message that echoes it.
+spelling of a password the URL may hold, to scrub (`masked`) from a driver's message that echoes it.
 
     parse_url("postgresql://hg:pa/ss@db.internal:5432/hg?sslmode=require").display
     -> "postgresql://db.internal:5432/hg"
@@ -18,6 +18,7 @@ The one function for the whole program: ledger URLs (SQLite, PostgreSQL) and ups
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from contextlib import suppress
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
@@ -57,6 +58,13 @@ class UrlParts:
 def display_url(url: str) -> str:
     """The URL as it may be printed or logged: scheme, host, port and path only."""
     return parse_url(url).display
+
+
+def masked(text: str, secrets: Collection[str]) -> str:
+    """`text` with every secret (`UrlParts.secrets`, a token) shown as `***`, the longest first."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def parse_url(url: str) -> UrlParts:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from mcp import Client, types
@@ -24,6 +24,7 @@ from tests import postgres
 from tests.postgres import PostgresServer
 
 configure_logging("debug")
+E = TypeVar("E", bound=BaseException)
 
 
 @pytest.fixture(autouse=True)
@@ -88,6 +89,11 @@ def data(result: types.CallToolResult) -> dict[str, Any]:
         return result.structured_content
     value: dict[str, Any] = json.loads(result.content[0].text)  # type: ignore[union-attr]
     return value
+
+
+def subclasses(root: type[E]) -> list[type[E]]:
+    """`root` and every class below it that is loaded now (what a boundary's mapping test walks)."""
+    return [root, *(cls for child in root.__subclasses__() for cls in subclasses(child))]
 
 
 def text(result: types.CallToolResult) -> str:

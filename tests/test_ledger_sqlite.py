@@ -18,6 +18,7 @@ from hail_guard.ledger import open_ledger, sqlite_path
 from hail_guard.ledger.sqlite import errors_mapped, migrations
 from hail_guard.ledger.sqlite_file import backup_file, filesystem_type, refuse_network_filesystem
 from hail_guard.models import Intent, State
+from tests.conftest import subclasses
 from tests.test_ledger_contract import batch_intents, intent
 
 
@@ -72,6 +73,29 @@ def test_sqlite_read_only_and_full_errors_become_clear_ledger_errors(tmp_path: P
     read_only.close()
     with pytest.raises(LedgerUnavailable, match="disk holding the ledger x is full"), errors_mapped("x"):
         raise sqlite3.OperationalError("database or disk is full")
+
+
+def every_driver_and_file_error() -> list[Exception]:
+    """What the SQLite ledger can meet: every sqlite3 (and aiosqlite: the same classes) error and warning,
+    every built-in OSError (the file, its folder, the disk), and aiosqlite's ValueError for a closed link."""
+    driver = [cls("boom") for cls in subclasses(sqlite3.Error)] + [sqlite3.Warning("boom")]
+    files = [cls(5, "boom") for cls in {*subclasses(OSError)} if cls.__module__ == "builtins"]
+    return [*driver, *files, ValueError("no active connection")]
+
+
+@pytest.mark.parametrize("error", every_driver_and_file_error(), ids=lambda error: type(error).__name__)
+def test_every_driver_and_file_error_becomes_ledger_unavailable_naming_the_file(error: Exception) -> None:
+    with (
+        pytest.raises(LedgerUnavailable, match=r"ledger /srv/hail/ledger\.db") as mapped,
+        errors_mapped("/srv/hail/ledger.db"),
+    ):
+        raise error
+    assert mapped.value.__cause__ is error  # the operator's log keeps the driver's own words
+
+
+def test_the_walk_meets_every_kind_of_sqlite_error() -> None:
+    names = {type(error).__name__ for error in every_driver_and_file_error()}
+    assert {"InterfaceError", "OperationalError", "IntegrityError", "Warning", "PermissionError"} <= names
 
 
 async def test_a_ledger_locked_past_the_busy_timeout_records_nothing(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,6 +30,7 @@ from structlog.testing import capture_logs
 
 from hail_guard.errors import ConfigError, SignInRequired, UpstreamLost, UpstreamUnavailable
 from hail_guard.upstream import Upstream, UpstreamTarget, connect_upstream, map_error
+from tests.conftest import subclasses
 
 TOKEN = "s3cret-token-value"
 ECHO_SERVER = Path(__file__).with_name("upstream_echo_server.py")
@@ -419,6 +421,66 @@ FOREIGN: list[tuple[BaseException, type[Exception]]] = [
     (ExceptionGroup("all refused", [ConnectionRefusedError(), httpx2.ConnectError("x")]), UpstreamUnavailable),
     (ExceptionGroup("mixed", [ConnectionRefusedError(), anyio.BrokenResourceError()]), UpstreamLost),
 ]
+
+
+SECRET = "tok-SECRET-1234"
+NOT_SENT = (
+    httpx2.ConnectError,
+    httpx2.ConnectTimeout,
+    httpx2.PoolTimeout,
+    ConnectionRefusedError,
+    FileNotFoundError,
+    PermissionError,
+    socket.gaierror,
+)
+"""The foreign failures that prove nothing left (besides the MCPErrors `_NotSentTransport` marks)."""
+
+
+def _made(cls: type[Exception], message: str) -> Exception:
+    """An instance of `cls` carrying `message` where its constructor takes one."""
+    response = httpx2.Response(502, request=REQUEST)
+    for attempt in (
+        lambda: cls(message, request=REQUEST, response=response),  # type: ignore[call-arg]
+        lambda: cls(message, request=REQUEST),  # type: ignore[call-arg]
+        lambda: cls(5, message) if issubclass(cls, OSError) else cls(message),
+        lambda: cls(),
+    ):
+        try:
+            return attempt()
+        except TypeError:
+            continue
+    raise AssertionError(f"cannot make a {cls.__name__}")
+
+
+def every_foreign_failure(message: str) -> list[Exception]:
+    """What the upstream can meet: every httpx2 and anyio exception class (walked below each one the
+    library names), every built-in, socket and ssl OSError, the MCP SDK's errors, pydantic's, and the
+    plain ones a transport raises."""
+    named = [cls for library in (httpx2, anyio) for _, cls in inspect.getmembers(library, inspect.isclass)]
+    classes = {sub for cls in named if issubclass(cls, Exception) for sub in subclasses(cls)}
+    classes.discard(anyio.BrokenWorkerInterpreter)  # raised only by subinterpreter workers; hail-guard runs none
+    classes |= {cls for cls in subclasses(OSError) if cls.__module__ in ("builtins", "socket", "ssl")}
+    made = [_made(cls, message) for cls in classes | {RuntimeError, ValueError, TimeoutError}]
+    codes = (types.REQUEST_TIMEOUT, types.CONNECTION_CLOSED, types.PARSE_ERROR, types.INTERNAL_ERROR, -32602, -1)
+    return [*made, *(MCPError(code, message) for code in codes), _validation_error()]
+
+
+def test_every_foreign_failure_the_upstream_can_meet_is_mapped_naming_hail_and_never_the_token() -> None:
+    unavailable: set[type[Exception]] = set()
+    for foreign in every_foreign_failure(f"boom, sent with Bearer {SECRET}"):
+        mapped = map_error(foreign, target="http://hail.test/", timeout_seconds=45, secrets={SECRET})
+        assert isinstance(mapped, UpstreamUnavailable | UpstreamLost), foreign
+        assert "http://hail.test/" in str(mapped)
+        assert SECRET not in str(mapped)
+        if isinstance(mapped, UpstreamUnavailable):
+            unavailable.add(type(foreign))
+    assert unavailable == set(NOT_SENT)  # "nothing was sent" only where nothing can have left
+
+
+def test_a_targets_secrets_are_its_token_and_every_spelling_of_its_password() -> None:
+    target = UpstreamTarget("http", url="https://hg:p%40ss@hail.test/mcp?password=other", token=SECRET)
+    assert target.secrets == {SECRET, "p%40ss", "p@ss", "other"}
+    assert UpstreamTarget("http", url="https://hail.test/mcp").secrets == frozenset()
 
 
 @pytest.mark.parametrize(("foreign", "expected"), FOREIGN, ids=lambda v: type(v).__name__)

@@ -44,7 +44,7 @@ from hail_guard.errors import ConfigError, HailGuardError, LeaseLost, LedgerErro
 from hail_guard.ledger import Begin, backfill, core, sql
 from hail_guard.ledger.core import LEASE_EXPIRED, PLAN_CHUNK, Row, Work
 from hail_guard.models import Intent, Operation, Outcome, State
-from hail_guard.urls import parse_url
+from hail_guard.urls import masked, parse_url
 
 log = structlog.get_logger(__name__)
 
@@ -621,9 +621,7 @@ def errors_mapped(where: str, secrets: frozenset[str] = frozenset()) -> Iterator
         ValueError,
         OverflowError,
     ) as exc:
-        message = _explain(exc, where)
-        for secret in secrets:
-            message = message.replace(secret, "***")
+        message = masked(_explain(exc, where), secrets)
         leaks = any(secret in str(exc) for secret in secrets)
         raise LedgerUnavailable(message) from (None if leaks else exc)
 

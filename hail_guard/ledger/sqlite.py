@@ -561,14 +561,14 @@ _BACKFILLS: dict[int, Callable[[sqlite3.Connection], None]] = {6: _backfill_reci
 
 @contextmanager
 def errors_mapped(path: str) -> Iterator[None]:
-    """The one place sqlite3 errors become ours."""
+    """The one place sqlite3, aiosqlite (`ValueError` on a closed connection) and file errors become ours."""
     try:
         yield
     except HailGuardError:
         raise
     except sqlite3.OperationalError as exc:
         raise LedgerUnavailable(_explain(str(exc), path)) from exc
-    except (sqlite3.DatabaseError, OSError, ValueError) as exc:
+    except (sqlite3.Error, sqlite3.Warning, OSError, ValueError) as exc:
         raise LedgerUnavailable(f"the ledger {path} cannot be used: {exc}") from exc
 
 
