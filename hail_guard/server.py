@@ -9,7 +9,6 @@ it). This is the only module that turns our errors into MCP results.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,13 +22,7 @@ from hail_guard import __version__, keys, policy, recipients, review
 from hail_guard.batch import Batches, Progress, sends_from_tool
 from hail_guard.errors import (
     BadInput,
-    HailGuardError,
-    KeyConflict,
-    LedgerUnavailable,
-    NotFound,
-    OutcomeNotRecorded,
     RefusedByPolicy,
-    SignInRequired,
     UpstreamError,
 )
 from hail_guard.guard import ALLOW_DUPLICATE, Guard, SendReport
@@ -369,27 +362,13 @@ class Proxy:
                     name, arguments, timeout_seconds=self.guard.settings.timeout_seconds
                 )
             return _error(f"unknown tool {name!r}; list the tools to see what hail-guard offers")
-        except KeyConflict as exc:
-            return _error(str(exc), {"differing_fields": exc.differing_fields})
-        except (BadInput, RefusedByPolicy, NotFound) as exc:
-            return _error(str(exc))
-        except SignInRequired as exc:
-            return _error(str(exc))  # one sentence: nothing was sent, an operator must sign in again
-        except UpstreamError as exc:
-            return _error(f"Hail did not answer: {exc}")
-        except OutcomeNotRecorded as exc:
-            log.error("call_failed", tool=name, error=str(exc))
-            details = {"operation_id": exc.operation_id, "hail_answer": exc.state, "provider_id": exc.provider_id}
-            return _error(_without_ledger_details(exc), details)
-        except LedgerUnavailable as exc:
-            log.error("call_failed", tool=name, error=str(exc))  # the operator's detail; the agent's is generic
-            return _error(LEDGER_UNAVAILABLE)
-        except HailGuardError as exc:
-            log.error("call_failed", tool=name, error=str(exc))
-            return _error(f"hail-guard could not do this: {exc}")
-        except Exception:
-            log.exception("call_crashed", tool=name)
-            return _error("hail-guard failed unexpectedly; nothing more is known. See its log (stderr).")
+        except Exception as exc:  # the per-call boundary: every error becomes an answer; cancellation passes
+            failure = policy.failure_of(exc)
+            if failure.crashed:
+                log.exception("call_crashed", tool=name)
+            elif failure.logged:
+                log.error("call_failed", tool=name, error=str(exc))  # the operator's detail; the agent's may be generic
+            return _error(failure.message, failure.details)
 
     async def _refuse_if_changed(self, name: str) -> None:
         if not (self.pin_tools and name in self.changed):
@@ -619,45 +598,9 @@ def _send_result(report: SendReport) -> types.CallToolResult:
     if operation.state is State.FAILED:
         payload = operation.result if operation.result is not None else {"error": operation.last_error}
         return _data({**payload, "hail_guard": guard_view})
-    return _error(f"{_headline(operation)} {policy.sentence(guard_view['next_step'])}.", {"hail_guard": guard_view})
-
-
-def _headline(operation: Operation) -> str:
-    """What happened, in one sentence, for an answer that is not Hail's own record."""
-    if operation.state is State.CANCELLED:
-        if operation.may_have_left:
-            return f"CLOSED BY AN OPERATOR, MAY HAVE BEEN SENT: {_clause(operation.cancel_reason)}."
-        return f"NOT SENT: it was cancelled before it left ({_clause(operation.cancel_reason)})."
-    return {
-        State.UNKNOWN: "OUTCOME UNKNOWN: Hail may already have sent this message.",
-        State.SENDING: "IN FLIGHT: this message is being sent right now.",
-        State.NEEDS_REVIEW: f"NEEDS REVIEW: {_clause(operation.review_reason or 'the outcome stayed unclear')}.",
-        State.READY: f"NOT SENT YET: {_clause(operation.last_error or 'Hail asked to wait')}.",
-        State.PLANNED: "NOT SENT YET: the send is planned and waits for approval.",
-    }[operation.state]
-
-
-_SAID_ALREADY = re.compile(r"(?:^|[;,.]\s*)(?:not sent:|nothing was sent)[.;]?\s*", re.IGNORECASE)
-"""What a headline says already, when someone else's sentence says it again."""
-
-
-def _clause(text: str | None) -> str:
-    """Someone else's sentence inside ours: no trailing full stop, no "not sent" said twice."""
-    clause = _SAID_ALREADY.sub(lambda said: ". " if said.start() else "", (text or "no reason was given").strip())
-    return " ".join(clause.split()).rstrip(".;, ") or "no reason was given"
-
-
-LEDGER_UNAVAILABLE = (
-    "the ledger is unavailable, so hail-guard stopped: nothing is sent that is not recorded first. Retrying later "
-    "is safe (the same call is never sent twice); an operator sees the details in hail-guard's log"
-)
-"""What an agent is told when the ledger fails: never its host, user or path (the log has them)."""
-
-
-def _without_ledger_details(exc: OutcomeNotRecorded) -> str:
-    """The guard's message, with the ledger's own failure (host, user, path) left to the log."""
-    cause = str(exc.__cause__) if exc.__cause__ is not None else ""
-    return str(exc).replace(cause, "the ledger is unavailable") if cause else str(exc)
+    return _error(
+        f"{policy.headline(operation)} {policy.sentence(guard_view['next_step'])}.", {"hail_guard": guard_view}
+    )
 
 
 def _data(data: Mapping[str, Any]) -> types.CallToolResult:

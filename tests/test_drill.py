@@ -29,7 +29,7 @@ from hail_guard.ledger import sql
 from hail_guard.ledger.sqlite import SqliteLedger
 from hail_guard.logs import configure_logging
 from hail_guard.models import Answer, AnswerKind, Intent, Operation, Outcome, State, Suppression
-from hail_guard.policy import ReconcilePlan
+from hail_guard.policy import ReconcilePlan, outcomes
 from tests.postgres import PostgresServer
 
 SMALL = 12
@@ -235,7 +235,7 @@ def retry_forwarded_again(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def timeout_taken_as_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
     """2: classification records a lost answer (timeout, drop) as accepted."""
-    monkeypatch.setitem(policy._FIRST_ATTEMPT, AnswerKind.LOST, State.ACCEPTED)
+    monkeypatch.setitem(outcomes._FIRST_ATTEMPT, AnswerKind.LOST, State.ACCEPTED)
 
 
 def resume_skips_unknowns(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -330,7 +330,7 @@ def no_duplicate_window(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def gateway_error_taken_as_failed(monkeypatch: pytest.MonkeyPatch) -> None:
     """12: classification records a gateway 5xx as a definitive failure."""
-    monkeypatch.setitem(policy._FIRST_ATTEMPT, AnswerKind.GATEWAY_ERROR, State.FAILED)
+    monkeypatch.setitem(outcomes._FIRST_ATTEMPT, AnswerKind.GATEWAY_ERROR, State.FAILED)
 
 
 def retries_compared_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,6 @@
 """The error tree: a usage error (a bad value, an unreadable file, a missing confirmation) is `BadInput`;
 `RefusedByPolicy` is a rule's refusal only. The command line exits 1 for both (tests/test_cli.py), 2 only
-where argparse refuses the words themselves."""
+where argparse refuses the words themselves. Each error has one answer for an agent (`policy.failure_of`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,18 @@ import pytest
 
 from hail_guard import keys, policy, recipients
 from hail_guard.batch import read_batch_file, sends_from_tool
-from hail_guard.errors import BadInput, RefusedByPolicy
+from hail_guard.errors import (
+    BadInput,
+    KeyConflict,
+    LeaseLost,
+    LedgerUnavailable,
+    OutcomeNotRecorded,
+    RefusedByPolicy,
+    SignInRequired,
+    UpstreamLost,
+)
 from hail_guard.models import State
+from hail_guard.policy import LEDGER_UNAVAILABLE
 
 CONSENTED = {"properties": {"recipient_consent": {"type": "boolean"}}}
 USAGE_ERRORS: dict[str, Callable[[], Any]] = {
@@ -45,3 +55,57 @@ def test_a_rule_is_a_policy_refusal_not_bad_input(make: Callable[[], Any]) -> No
     with pytest.raises(RefusedByPolicy) as refused:
         make()
     assert not isinstance(refused.value, BadInput)
+
+
+def _not_recorded() -> OutcomeNotRecorded:
+    """What the guard raises (`guard._not_recorded`): the ledger's own failure is its cause."""
+    cause = LedgerUnavailable("the PostgreSQL ledger at postgresql://db.internal/hg failed: disk full")
+    said = f"Hail's answer: accepted; but hail-guard could not record it ({cause}). Do NOT send it again"
+    error = OutcomeNotRecorded(said, operation_id="op-1", state="accepted", provider_id="e-1")
+    error.__cause__ = cause
+    return error
+
+
+ANSWERS: dict[str, tuple[Exception, str, dict[str, Any], bool]] = {
+    "a key conflict": (
+        KeyConflict("key k1 differs", differing_fields=["subject"]),
+        "key k1 differs",
+        {"differing_fields": ["subject"]},
+        False,
+    ),
+    "bad input": (BadInput("to: give one"), "to: give one", {}, False),
+    "a sign-in": (
+        SignInRequired("run hail-guard login; nothing was sent"),
+        "run hail-guard login; nothing was sent",
+        {},
+        False,
+    ),
+    "Hail lost": (UpstreamLost("no answer within 45 s"), "Hail did not answer: no answer within 45 s", {}, False),
+    "the ledger": (LedgerUnavailable("postgresql://db.internal/hg is full"), LEDGER_UNAVAILABLE, {}, True),
+    "an answer not recorded": (
+        _not_recorded(),
+        "Hail's answer: accepted; but hail-guard could not record it (the ledger is unavailable). Do NOT send it again",
+        {"operation_id": "op-1", "hail_answer": "accepted", "provider_id": "e-1"},
+        True,
+    ),
+    "another error of ours": (LeaseLost("taken over"), "hail-guard could not do this: taken over", {}, True),
+}
+
+
+@pytest.mark.parametrize(("error", "message", "details", "logged"), ANSWERS.values(), ids=ANSWERS)
+def test_each_error_has_one_answer_and_what_it_leaves_out_is_logged(
+    error: Exception, message: str, details: dict[str, Any], logged: bool
+) -> None:
+    failure = policy.failure_of(error)
+    assert (failure.message, dict(failure.details), failure.logged, failure.crashed) == (
+        message,
+        details,
+        logged,
+        False,
+    )
+    assert "db.internal" not in failure.message
+
+
+def test_a_bug_is_answered_plainly_and_logged_with_its_traceback() -> None:
+    failure = policy.failure_of(KeyError("operation_id"))
+    assert (failure.message, failure.logged, failure.crashed) == (policy.CRASHED, True, True)

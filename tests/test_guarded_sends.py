@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from hail_guard.models import State
-from hail_guard.server import LEDGER_UNAVAILABLE
+from hail_guard.policy import LEDGER_UNAVAILABLE
 from tests.conftest import data, email, open_harness, text
 
 

@@ -23,7 +23,7 @@ from hail_guard.cli import main
 from hail_guard.errors import LedgerUnavailable, RefusedByPolicy
 from hail_guard.ledger import open_ledger
 from hail_guard.models import State
-from hail_guard.server import LEDGER_UNAVAILABLE
+from hail_guard.policy import LEDGER_UNAVAILABLE
 from tests.conftest import data, email, open_harness, text
 from tests.postgres import PostgresServer
 from tests.test_ledger_contract import batch_intents

@@ -34,7 +34,7 @@ from hail_guard.app import open_proxy
 from hail_guard.config import LedgerSettings, Settings, UpstreamSettings
 from hail_guard.errors import LedgerUnavailable
 from hail_guard.models import State
-from hail_guard.server import LEDGER_UNAVAILABLE
+from hail_guard.policy import LEDGER_UNAVAILABLE
 from tests.conftest import email, text
 from tests.tcp_faults import Fault, no_faults
 from tests.test_network_faults import KEY, Rig, guard_view, on_first_send, open_rig

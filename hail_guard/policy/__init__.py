@@ -1,0 +1,127 @@
+"""Pure decisions: what Hail's answer means, what state follows, what is refused up front, what an agent
+is told. No I/O anywhere in the package; every other part of hail-guard asks here.
+
+- `outcomes`: Hail's answers classified, the state that follows a first attempt or a replay, reconcile's
+  next step (DESIGN.md, classification and reconcile).
+- `arguments`: what a send's arguments must be before anything is recorded (schema, Hail's own rules,
+  consent), and which tools are guarded.
+- `repeats`: retry by meaning: whether a send repeats one the ledger holds, and the refusals that say so.
+- `answers`: what an agent is told: states in words, the one next step, headlines, every failure.
+- `operator`: review resolutions, resends, opt-outs and pruning, and the texts they write.
+
+`repeats` words its refusals with `answers`; the others stand alone. Callers use the names below.
+"""
+
+from __future__ import annotations
+
+from hail_guard.policy.answers import (
+    CRASHED,
+    LEDGER_UNAVAILABLE,
+    Failure,
+    failure_of,
+    headline,
+    next_step,
+    sentence,
+    state_phrase,
+)
+from hail_guard.policy.arguments import (
+    check_consent,
+    check_hail_rules,
+    differing_fields,
+    guarded_tool_names,
+    validate_arguments,
+)
+from hail_guard.policy.operator import (
+    REVIEW_RESOLUTIONS,
+    WEBHOOK_DEDUPE_SECONDS,
+    ResendTexts,
+    check_review_decision,
+    found_in_upstream,
+    not_in_review,
+    prune_age_seconds,
+    resend_key_taken,
+    resend_texts,
+    review_decision_text,
+    suppression_reason,
+)
+from hail_guard.policy.outcomes import (
+    CHECK_AGAIN_SECONDS,
+    DEFAULT_RETRY_AFTER_SECONDS,
+    RETENTION_MARGIN_SECONDS,
+    ReconcilePlan,
+    ReconcileStep,
+    classify,
+    declared_fields,
+    lookup_failed,
+    outcome_of_replay,
+    outcome_of_search,
+    outcome_of_send,
+    plan_reconcile,
+    replay_not_made,
+)
+from hail_guard.policy.repeats import (
+    SIGHTING_MARGIN_SECONDS,
+    already_planned,
+    blocking_states,
+    blocks,
+    first_recipient_as_sent,
+    key_conflict,
+    meaning_differences,
+    repeat_of,
+    same_meaning,
+    senders_agree,
+    sighting,
+    suppressed_refusal,
+)
+
+__all__ = [
+    "CHECK_AGAIN_SECONDS",
+    "CRASHED",
+    "DEFAULT_RETRY_AFTER_SECONDS",
+    "LEDGER_UNAVAILABLE",
+    "RETENTION_MARGIN_SECONDS",
+    "REVIEW_RESOLUTIONS",
+    "SIGHTING_MARGIN_SECONDS",
+    "WEBHOOK_DEDUPE_SECONDS",
+    "Failure",
+    "ReconcilePlan",
+    "ReconcileStep",
+    "ResendTexts",
+    "already_planned",
+    "blocking_states",
+    "blocks",
+    "check_consent",
+    "check_hail_rules",
+    "check_review_decision",
+    "classify",
+    "declared_fields",
+    "differing_fields",
+    "failure_of",
+    "first_recipient_as_sent",
+    "found_in_upstream",
+    "guarded_tool_names",
+    "headline",
+    "key_conflict",
+    "lookup_failed",
+    "meaning_differences",
+    "next_step",
+    "not_in_review",
+    "outcome_of_replay",
+    "outcome_of_search",
+    "outcome_of_send",
+    "plan_reconcile",
+    "prune_age_seconds",
+    "repeat_of",
+    "replay_not_made",
+    "resend_key_taken",
+    "resend_texts",
+    "review_decision_text",
+    "same_meaning",
+    "senders_agree",
+    "sentence",
+    "sighting",
+    "state_phrase",
+    "suppressed_refusal",
+    "suppression_reason",
+    "validate_arguments",
+]

@@ -1,0 +1,144 @@
+"""What an agent is told: an operation's state in words, the one safe next step, and every failure.
+
+`next_step` names the one safe thing to do about an operation; `headline` says what happened to a
+send whose answer is not Hail's own record; `failure_of` is the one table from our errors (and a
+bug) to the text an agent gets, and says when the operator's log must hold what the text leaves out
+(the ledger's host, user or path). The server builds the MCP results from these (`hail_guard.views`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hail_guard.errors import (
+    BadInput,
+    HailGuardError,
+    KeyConflict,
+    LedgerUnavailable,
+    NotFound,
+    OutcomeNotRecorded,
+    RefusedByPolicy,
+    SignInRequired,
+    UpstreamError,
+)
+from hail_guard.models import Operation, State
+
+
+def state_phrase(operation: Operation) -> str:
+    """How an answer names an operation's state, honest about what it means for the recipient."""
+    if operation.may_have_left:
+        return f"{operation.state.value} (closed by an operator; it may have been sent)"
+    return {
+        State.ACCEPTED: "accepted by Hail",
+        State.UNKNOWN: "unknown (Hail may have sent it)",
+        State.SENDING: "being sent right now",
+        State.NEEDS_REVIEW: "waiting for a human decision (it may have been sent)",
+        State.READY: "waiting to be sent",
+        State.PLANNED: "planned, waiting for approval",
+        State.FAILED: "failed (refused by Hail)",
+        State.CANCELLED: "cancelled before it was sent",
+    }[operation.state]
+
+
+_NEXT_STEP = {
+    State.ACCEPTED: "done: Hail accepted it (delivery is tracked apart); do not send it again",
+    State.FAILED: "Hail refused it for good: fix the cause, then send a new message (it needs a new key)",
+    State.UNKNOWN: "do NOT resend it, in any form: call `reconcile` with operation_id={id}",
+    State.SENDING: "do not send it again: call `get_operation` with operation_id={id} in a minute",
+    State.READY: "call again later with the same arguments (the same key is safe)",
+    State.PLANNED: "wait for an operator to approve the batch (`hail-guard batch approve`)",
+    State.NEEDS_REVIEW: "do not send it again: a human decides (`hail-guard review list`)",
+    State.CANCELLED: "nothing to do: it was cancelled before it left",
+}
+_MAY_HAVE_LEFT_STEP = "do not send it again: an operator closed it, and it may have reached the recipient"
+
+
+def sentence(clause: str) -> str:
+    """A clause such as `next_step`'s as a sentence of its own."""
+    return clause[:1].upper() + clause[1:]
+
+
+def next_step(operation: Operation) -> str:
+    """The one safe thing to do next about `operation` (a clause: lower case, no full stop)."""
+    if operation.resent_as is not None:
+        return f"do not send it again: it was superseded by an operator's resend, operation {operation.resent_as}"
+    if operation.may_have_left:
+        return _MAY_HAVE_LEFT_STEP
+    return _NEXT_STEP[operation.state].format(id=operation.id)
+
+
+def headline(operation: Operation) -> str:
+    """What happened, in one sentence, for an answer that is not Hail's own record."""
+    if operation.state is State.CANCELLED:
+        if operation.may_have_left:
+            return f"CLOSED BY AN OPERATOR, MAY HAVE BEEN SENT: {_clause(operation.cancel_reason)}."
+        return f"NOT SENT: it was cancelled before it left ({_clause(operation.cancel_reason)})."
+    return {
+        State.UNKNOWN: "OUTCOME UNKNOWN: Hail may already have sent this message.",
+        State.SENDING: "IN FLIGHT: this message is being sent right now.",
+        State.NEEDS_REVIEW: f"NEEDS REVIEW: {_clause(operation.review_reason or 'the outcome stayed unclear')}.",
+        State.READY: f"NOT SENT YET: {_clause(operation.last_error or 'Hail asked to wait')}.",
+        State.PLANNED: "NOT SENT YET: the send is planned and waits for approval.",
+    }[operation.state]
+
+
+_SAID_ALREADY = re.compile(r"(?:^|[;,.]\s*)(?:not sent:|nothing was sent)[.;]?\s*", re.IGNORECASE)
+"""What a headline says already, when someone else's sentence says it again."""
+
+
+def _clause(text: str | None) -> str:
+    """Someone else's sentence inside ours: no trailing full stop, no "not sent" said twice."""
+    clause = _SAID_ALREADY.sub(lambda said: ". " if said.start() else "", (text or "no reason was given").strip())
+    return " ".join(clause.split()).rstrip(".;, ") or "no reason was given"
+
+
+LEDGER_UNAVAILABLE = (
+    "the ledger is unavailable, so hail-guard stopped: nothing is sent that is not recorded first. Retrying later "
+    "is safe (the same call is never sent twice); an operator sees the details in hail-guard's log"
+)
+"""What an agent is told when the ledger fails: never its host, user or path (the log has them)."""
+CRASHED = "hail-guard failed unexpectedly; nothing more is known. See its log (stderr)."
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What an agent is told when a call fails."""
+
+    message: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+    """Fields of the answer besides `error` (the differing fields of a key conflict, what Hail said)."""
+    logged: bool = False
+    """The message leaves out what an operator needs (the ledger's own failure, a bug): log the error."""
+    crashed: bool = False
+    """Not one of ours: a bug, logged with its traceback."""
+
+
+def failure_of(error: Exception) -> Failure:
+    """The one mapping from an error a call raised to what the agent is told (first match wins)."""
+    for kinds, told in _TOLD:
+        if isinstance(error, kinds):
+            return told(error)
+    return Failure(CRASHED, logged=True, crashed=True)
+
+
+def _not_recorded(error: OutcomeNotRecorded) -> Failure:
+    """The guard's message, with the ledger's own failure (host, user, path) left to the log."""
+    cause = str(error.__cause__) if error.__cause__ is not None else ""
+    message = str(error).replace(cause, "the ledger is unavailable") if cause else str(error)
+    said = {"operation_id": error.operation_id, "hail_answer": error.state, "provider_id": error.provider_id}
+    return Failure(message, said, logged=True)
+
+
+_TOLD: tuple[tuple[type[Exception] | tuple[type[Exception], ...], Callable[[Any], Failure]], ...] = (
+    (KeyConflict, lambda error: Failure(str(error), {"differing_fields": error.differing_fields})),
+    ((BadInput, RefusedByPolicy, NotFound, SignInRequired), lambda error: Failure(str(error))),
+    (UpstreamError, lambda error: Failure(f"Hail did not answer: {error}")),
+    (OutcomeNotRecorded, _not_recorded),
+    (LedgerUnavailable, lambda _: Failure(LEDGER_UNAVAILABLE, logged=True)),
+    (HailGuardError, lambda error: Failure(f"hail-guard could not do this: {error}", logged=True)),
+)
+"""Our errors, most particular first: a refusal or a sign-in says all (one sentence: nothing was sent);
+Hail's failure is named; the ledger's is said without its details, which go to the operator's log."""
