@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import httpx2
 
-from hail_guard.guard import Guard, GuardSettings
+from hail_guard.guard import GuardSettings
 from hail_guard.ledger import open_ledger
 from hail_guard.logs import configure_logging
 from hail_guard.sandbox import Sandbox
@@ -95,7 +95,7 @@ async def open_guarded(ledger_url: str, sandbox: Sandbox | str) -> AsyncIterator
         open_ledger(ledger_url) as ledger,
         connect_upstream(target, timeout_seconds=settings.timeout_seconds, heartbeat_seconds=None) as upstream,
     ):
-        proxy = Proxy(Guard(ledger, upstream, settings), upstream)
+        proxy = Proxy(ledger, upstream, settings)
         await proxy.refresh_tools()
         yield proxy
 

@@ -1,4 +1,4 @@
-"""Wiring: settings in, a running proxy out (ledger + upstream + guard + server).
+"""Wiring: settings in, a running proxy out (a ledger and an upstream, and the proxy over them).
 
 The only place that decides which upstream to talk to and which ledger to open; everything
 below takes these as arguments.
@@ -17,7 +17,7 @@ from mcp.server.stdio import stdio_server
 
 from hail_guard.config import Settings
 from hail_guard.errors import ConfigError
-from hail_guard.guard import Guard, GuardSettings
+from hail_guard.guard import GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.server import Proxy, build_server
 from hail_guard.tracker import Tracker, TrackerSettings
@@ -105,12 +105,12 @@ async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> A
         ledger, upstream = opened_ledger, opened
         if metrics is not None:
             ledger, upstream = metrics.timed(ledger, "ledger"), metrics.timed(upstream, "upstream")
-        guard = Guard(ledger, upstream, guard_settings(settings))
         proxy = Proxy(
-            guard,
+            ledger,
             upstream,
-            settings.guard.guarded_tools,
-            settings.guard.require_approval,
+            guard_settings(settings),
+            guarded_tools=settings.guard.guarded_tools,
+            require_approval=settings.guard.require_approval,
             observer=metrics,
             pin_tools=settings.upstream.pin_tools,
             record_tools=settings.upstream.record_tools,
@@ -137,7 +137,7 @@ async def tracking(settings: Settings, proxy: Proxy) -> AsyncIterator[Tracker | 
     if not settings.delivery.poll:
         yield None
         return
-    tracker = Tracker(proxy.guard.ledger, proxy.guard.upstream, tracker_settings(settings))
+    tracker = Tracker(proxy.ledger, proxy.upstream, tracker_settings(settings))
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(tracker.run)

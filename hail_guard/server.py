@@ -1,16 +1,22 @@
 """The downstream MCP server: Hail's tools re-exposed, guarded ones routed through the guard.
 
 Upstream tools pass through verbatim (names, descriptions, schemas, annotations, results). Tools
-that take an idempotency key go through `Guard.send`; hail-guard adds its own tools (`reconcile`,
-`get_operation`, `list_operations`, batches, opt-outs; the review queue only when the config exposes
-it). This is the only module that turns our errors into MCP results.
+that take an idempotency key go through `Guard.send`, and are listed taking `allow_duplicate` too;
+hail-guard's own tools are the entries of `tools.OWN` (the review queue only when the config exposes
+it). A call's name resolves to one route (`Proxy.routes`: own, guarded or passed through); whatever it
+raises is answered as `policy.failure_of` says. This is the only module that turns our errors into MCP
+results (built by `views`).
+
+`Proxy` holds one ledger and one upstream, and the guard and batches over them; every session of a
+server shares it. It counts each call for `CallObserver` (metrics) under a small fixed set of
+outcomes, read off what the route did (a guarded send's state, `replayed`), never off the answer.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -18,220 +24,23 @@ import structlog
 from mcp import types
 from mcp.server import Server, ServerRequestContext
 
-from hail_guard import __version__, keys, policy, recipients, review
-from hail_guard.batch import Batches, Progress, sends_from_tool
-from hail_guard.errors import (
-    BadInput,
-    RefusedByPolicy,
-    UpstreamError,
-)
-from hail_guard.guard import ALLOW_DUPLICATE, Guard, SendReport
-from hail_guard.ledger import find_operation
-from hail_guard.models import (
-    SUPPRESSION_CHANNELS,
-    BatchStatus,
-    DeliveryEvent,
-    Operation,
-    State,
-    Suppression,
-)
+from hail_guard import __version__, keys, policy, views
+from hail_guard.batch import Batches, Progress
+from hail_guard.errors import BadInput, RefusedByPolicy, UpstreamError
+from hail_guard.guard import Guard, GuardSettings, SendReport, UpstreamCaller
+from hail_guard.ledger import Ledger
+from hail_guard.models import State
+from hail_guard.tools import OwnTool, listed_as_guarded, offered
 
 log = structlog.get_logger(__name__)
 
-_ANY_OBJECT: dict[str, Any] = {"type": "object", "additionalProperties": True}
-_BATCH_TOOLS = frozenset({"plan_batch", "run_batch", "batch_status", "record_opt_out"})
-_STATE_NAMES = [state.value for state in State]
-OWN_TOOLS: tuple[types.Tool, ...] = (
-    types.Tool(
-        name="reconcile",
-        description=(
-            "Settle sends whose outcome is unknown (a timeout or a dropped connection after Hail may have "
-            "accepted them). Replays the SAME idempotency key with the SAME request, so Hail answers with "
-            "what it saved and nothing is sent twice. Give operation_id for one, or nothing for all that are due."
-        ),
-        input_schema={
-            "type": "object",
-            "properties": {"operation_id": {"type": "string", "minLength": 1}},
-            "additionalProperties": False,
-        },
-        output_schema=_ANY_OBJECT,
-        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True),
-    ),
-    types.Tool(
-        name="get_operation",
-        description=(
-            "Show one guarded send (state, Hail's id, attempts, history, and delivery: what happened after Hail "
-            "accepted it, with times) by operation_id or idempotency_key."
-        ),
-        input_schema={
-            "type": "object",
-            "properties": {
-                "operation_id": {"type": "string", "minLength": 1},
-                "idempotency_key": {"type": "string", "minLength": 1},
-            },
-            "additionalProperties": False,
-        },
-        output_schema=_ANY_OBJECT,
-        annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
-    ),
-    types.Tool(
-        name="list_operations",
-        description="List guarded sends, newest first, optionally by state or campaign.",
-        input_schema={
-            "type": "object",
-            "properties": {
-                "state": {"type": "string", "enum": _STATE_NAMES},
-                "campaign_id": {"type": "string", "minLength": 1},
-                "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
-            },
-            "additionalProperties": False,
-        },
-        output_schema=_ANY_OBJECT,
-        annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
-    ),
-)
-_RECIPIENT = {"type": "string", "minLength": 1, "maxLength": 320}
-OWN_TOOLS += (
-    types.Tool(
-        name="plan_batch",
-        description=(
-            "Record many sends at once as a batch; nothing is sent yet. Each send is {tool, arguments} "
-            "exactly as for the tool itself and gets its own idempotency key. Returns the batch_id for "
-            "run_batch. With approval required, an operator approves it first (`hail-guard batch approve`)."
-        ),
-        input_schema={
-            "type": "object",
-            "properties": {
-                "sends": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "object",
-                        "properties": {"tool": {"type": "string"}, "arguments": {"type": "object"}},
-                        "required": ["tool", "arguments"],
-                    },
-                },
-                "name": {"type": "string", "maxLength": 200},
-            },
-            "required": ["sends"],
-            "additionalProperties": False,
-        },
-        output_schema=_ANY_OBJECT,
-        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False),
-    ),
-    types.Tool(
-        name="run_batch",
-        description=(
-            "Send a planned batch: first settles its unknown sends, then sends what is ready with bounded "
-            "concurrency. Safe to call again at any time: it continues where it stopped and never resends."
-        ),
-        input_schema={
-            "type": "object",
-            "properties": {
-                "batch_id": {"type": "string", "minLength": 1},
-                "concurrency": {"type": "integer", "minimum": 1, "maximum": 64, "default": 4},
-            },
-            "required": ["batch_id"],
-            "additionalProperties": False,
-        },
-        output_schema=_ANY_OBJECT,
-        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True),
-    ),
-    types.Tool(
-        name="batch_status",
-        description="Counts by state for a batch, and the sends still unresolved.",
-        input_schema={
-            "type": "object",
-            "properties": {"batch_id": {"type": "string", "minLength": 1}},
-            "required": ["batch_id"],
-            "additionalProperties": False,
-        },
-        output_schema=_ANY_OBJECT,
-        annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
-    ),
-    types.Tool(
-        name="record_opt_out",
-        description=(
-            "Record that a recipient opted out (email address or phone number). Every send to them that "
-            "has not been forwarded is cancelled, and no later send reaches them."
-        ),
-        input_schema={
-            "type": "object",
-            "properties": {
-                "recipient": _RECIPIENT,
-                "channel": {"type": "string", "enum": list(SUPPRESSION_CHANNELS), "default": "all"},
-                "reason": {"type": "string", "minLength": 1, "maxLength": 500},
-                "source": {"type": "string", "minLength": 1, "maxLength": 200, "default": "agent"},
-            },
-            "required": ["recipient", "reason"],
-            "additionalProperties": False,
-        },
-        output_schema=_ANY_OBJECT,
-        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True),
-    ),
-)
-_OWN = {tool.name: tool for tool in OWN_TOOLS}
-_OPERATION_ID = {"type": "string", "minLength": 1}
-_REASON = {"type": "string", "minLength": 1, "maxLength": 500}
-REVIEW_TOOLS: tuple[types.Tool, ...] = (
-    types.Tool(
-        name="review_list",
-        description="List the sends waiting for a human decision (needs_review), with the reason each one waits.",
-        input_schema={
-            "type": "object",
-            "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}},
-            "additionalProperties": False,
-        },
-        output_schema=_ANY_OBJECT,
-        annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
-    ),
-    types.Tool(
-        name="review_resolve",
-        description=(
-            "Record what became of a send in review, as established outside hail-guard (e.g. in Hail's "
-            "console): accepted (give provider_id when known), failed, or cancelled. Sends nothing."
-        ),
-        input_schema={
-            "type": "object",
-            "properties": {
-                "operation_id": _OPERATION_ID,
-                "state": {"type": "string", "enum": [state.value for state in policy.REVIEW_RESOLUTIONS]},
-                "reason": _REASON,
-                "provider_id": {"type": "string", "minLength": 1},
-            },
-            "required": ["operation_id", "state", "reason"],
-            "additionalProperties": False,
-        },
-        output_schema=_ANY_OBJECT,
-        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False),
-    ),
-    types.Tool(
-        name="review_resend",
-        description=(
-            "Send a message in review AGAIN as a new operation under a new key (<key>:resend:<n>), and close "
-            "the old one as superseded. The earlier attempt may have reached the recipient: only when sure."
-        ),
-        input_schema={
-            "type": "object",
-            "properties": {"operation_id": _OPERATION_ID, "reason": _REASON},
-            "required": ["operation_id", "reason"],
-            "additionalProperties": False,
-        },
-        output_schema=_ANY_OBJECT,
-        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False),
-    ),
-)
-_REVIEW = {tool.name: tool for tool in REVIEW_TOOLS}
-_ALLOW_DUPLICATE_SCHEMA = {
-    "type": "boolean",
-    "description": (
-        "hail-guard: only when the user explicitly asked for a second copy of a message that was already "
-        "delivered (default false). Never to retry: a retry is recognised and answered from the ledger."
-    ),
-}
+_GUARD_FIELDS = frozenset({"operation_id", "idempotency_key", "state", "replayed", "next_step", "not_before"})
+"""What a guarded send's answer says of the operation, under `hail_guard`."""
 
 
-class UpstreamTools(Protocol):
+class UpstreamTools(UpstreamCaller, Protocol):
+    """The one upstream a proxy talks to (`hail_guard.upstream.Upstream`): the guard's calls, and its tools."""
+
     @property
     def connected(self) -> bool:
         """True while a connection to Hail is up (readiness probes read it)."""
@@ -242,10 +51,6 @@ class UpstreamTools(Protocol):
 
     async def list_tools(self) -> list[types.Tool]: ...
 
-    async def call_tool(
-        self, name: str, arguments: dict[str, Any], *, timeout_seconds: float | None = None
-    ) -> types.CallToolResult: ...
-
 
 class CallObserver(Protocol):
     """Told about every tool call the proxy serves (metrics); must not raise or block."""
@@ -253,12 +58,23 @@ class CallObserver(Protocol):
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None: ...
 
 
+@dataclass(frozen=True)
+class Answered:
+    result: types.CallToolResult
+    outcome: str
+    """The metric label: a guarded send's state (or `replayed`), else `ok` / `error`."""
+
+
+Route = Callable[[str, dict[str, Any], Progress | None], Awaitable[Answered]]
+
+
 @dataclass
 class Proxy:
     """Everything one hail-guard server needs; shared by all its sessions."""
 
-    guard: Guard
+    ledger: Ledger
     upstream: UpstreamTools
+    settings: GuardSettings = field(default_factory=GuardSettings)
     guarded_tools: Sequence[str] | None = None
     """Tools to guard; None: every tool whose schema takes an idempotency key."""
     require_approval: bool = False
@@ -275,29 +91,42 @@ class Proxy:
     changed: set[str] = field(default_factory=set)
     """Upstream tools that differ from what was accepted (`hail-guard upstream accept`)."""
     _fingerprints: dict[str, str] = field(default_factory=dict)
+    guard: Guard = field(init=False)
     batches: Batches = field(init=False)
 
     def __post_init__(self) -> None:
+        self.guard = Guard(self.ledger, self.upstream, self.settings)
         self.batches = Batches(self.guard, self.guarded_schema, require_approval=self.require_approval)
 
     def guarded_schema(self, name: str) -> dict[str, Any] | None:
         tool = self.tools.get(name) if name in self.guarded else None
         return dict(tool.input_schema) if tool is not None else None
 
+    def own_tools(self) -> dict[str, OwnTool]:
+        """hail-guard's own tools, the review queue included when it is exposed."""
+        return offered(review=self.expose_review)
+
     def listed_tools(self) -> list[types.Tool]:
         """What the agent sees: upstream tools verbatim (guarded ones also take allow_duplicate), then ours."""
-        return [self._as_listed(tool) for tool in self.tools.values()] + list(self.own_tools().values())
-
-    def own_tools(self) -> dict[str, types.Tool]:
-        """hail-guard's own tools, the review queue included when it is exposed."""
-        return {**_OWN, **_REVIEW} if self.expose_review else _OWN
+        return [self._as_listed(tool) for tool in self.tools.values()] + [own.tool for own in self.own_tools().values()]
 
     def _as_listed(self, tool: types.Tool) -> types.Tool:
-        properties = tool.input_schema.get("properties")
-        if tool.name not in self.guarded or not isinstance(properties, dict) or ALLOW_DUPLICATE in properties:
-            return tool
-        schema = {**tool.input_schema, "properties": {**properties, ALLOW_DUPLICATE: _ALLOW_DUPLICATE_SCHEMA}}
-        return tool.model_copy(update={"input_schema": schema})
+        return listed_as_guarded(tool) if tool.name in self.guarded else tool
+
+    def input_schema(self, name: str) -> dict[str, Any] | None:
+        own = self.own_tools().get(name)
+        tool = own.tool if own is not None else self.tools.get(name)
+        return dict(self._as_listed(tool).input_schema) if tool is not None else None
+
+    def routes(self) -> dict[str, Route]:
+        """Every tool an agent may call now, by name, and what answers it."""
+        upstream = {name: self._guarded if name in self.guarded else self._passed for name in self.tools}
+        own = {name: functools.partial(self._own, entry) for name, entry in self.own_tools().items()}
+        return {**upstream, **own}
+
+    async def know_tools(self) -> None:
+        if not self.tools:
+            await self.refresh_tools()
 
     async def refresh_tools(self) -> None:
         try:
@@ -322,15 +151,11 @@ class Proxy:
         fingerprints = {name: tool_fingerprint(tool) for name, tool in tools.items()}
         if fingerprints == self._fingerprints:
             return
-        pins = await self.guard.ledger.observe_tools(fingerprints)
+        pins = await self.ledger.observe_tools(fingerprints)
         self._fingerprints = fingerprints
         self.changed = {pin.name for pin in pins if pin.changed and pin.name in fingerprints}
         if self.changed:
             log.warning("upstream_tools_changed", tools=sorted(self.changed), refused=self.pin_tools)
-
-    def input_schema(self, name: str) -> dict[str, Any] | None:
-        tool = self.own_tools().get(name) or self.tools.get(name)
-        return dict(self._as_listed(tool).input_schema) if tool is not None else None
 
     async def call(
         self, name: str, arguments: dict[str, Any], progress: Progress | None = None
@@ -339,41 +164,52 @@ class Proxy:
         started, outcome = time.monotonic(), "cancelled"
         try:
             with structlog.contextvars.bound_contextvars(tool=name):
-                result = await self._call(name, arguments, progress)
-            outcome = call_outcome(result)
-            return result
+                answered = await self._answer(name, arguments, progress)
+            outcome = answered.outcome
+            return answered.result
         finally:
             if self.observer is not None:
-                known = name in self.own_tools() or name in self.tools
-                self.observer.tool_called(name if known else "unknown", outcome, time.monotonic() - started)
+                known = name if name in self.routes() else "unknown"
+                self.observer.tool_called(known, outcome, time.monotonic() - started)
 
-    async def _call(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
+    async def _answer(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> Answered:
         try:
-            if name in self.own_tools():
-                return await self._own(name, arguments, progress)
-            if not self.tools:
-                await self.refresh_tools()
-            if name in self.guarded:
-                await self._refuse_if_changed(name)
-                report = await self.guard.send(name, arguments, self.tools[name].input_schema)
-                return _send_result(report)
-            if name in self.tools:
-                return await self.upstream.call_tool(
-                    name, arguments, timeout_seconds=self.guard.settings.timeout_seconds
-                )
-            return _error(f"unknown tool {name!r}; list the tools to see what hail-guard offers")
+            route = await self._route(name)
+            return await route(name, arguments, progress)
         except Exception as exc:  # the per-call boundary: every error becomes an answer; cancellation passes
             failure = policy.failure_of(exc)
             if failure.crashed:
                 log.exception("call_crashed", tool=name)
             elif failure.logged:
                 log.error("call_failed", tool=name, error=str(exc))  # the operator's detail; the agent's may be generic
-            return _error(failure.message, failure.details)
+            return Answered(views.error_result(failure.message, failure.details), "error")
+
+    async def _route(self, name: str) -> Route:
+        route = self.routes().get(name)
+        if route is None and not self.tools:  # the upstream's tools were never listed: list them first
+            await self.refresh_tools()
+            route = self.routes().get(name)
+        if route is None:
+            raise BadInput(f"unknown tool {name!r}; list the tools to see what hail-guard offers")
+        return route
+
+    async def _own(self, entry: OwnTool, name: str, arguments: dict[str, Any], progress: Progress | None) -> Answered:
+        policy.validate_arguments(name, arguments, entry.tool.input_schema)
+        await self.ledger.expire_leases()  # what the agent sees is what is true now
+        return _plain(await entry.run(self, arguments, progress))
+
+    async def _guarded(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> Answered:
+        await self._refuse_if_changed(name)
+        report = await self.guard.send(name, arguments, self.tools[name].input_schema)
+        return Answered(_send_result(report), "replayed" if report.replayed else report.operation.state.value)
+
+    async def _passed(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> Answered:
+        return _plain(await self.upstream.call_tool(name, arguments, timeout_seconds=self.settings.timeout_seconds))
 
     async def _refuse_if_changed(self, name: str) -> None:
         if not (self.pin_tools and name in self.changed):
             return
-        pins = await self.guard.ledger.tool_pins()  # an operator may have accepted it since
+        pins = await self.ledger.tool_pins()  # an operator may have accepted it since
         self.changed = {pin.name for pin in pins if pin.changed and pin.name in self._fingerprints}
         if name in self.changed:
             raise RefusedByPolicy(
@@ -381,89 +217,23 @@ class Proxy:
                 f"sent. An operator reviews the change and runs `hail-guard upstream accept {name}`"
             )
 
-    async def _own(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
-        policy.validate_arguments(name, arguments, self.own_tools()[name].input_schema)
-        await self.guard.ledger.expire_leases()  # what the agent sees is what is true now
-        if name in _BATCH_TOOLS:
-            return await self._batch_tool(name, arguments, progress)
-        if name in _REVIEW:
-            return await self._review_tool(name, arguments)
-        if name == "reconcile":
-            target = await self._find(arguments) if "operation_id" in arguments else None
-            settled = await self.guard.reconcile(target.id if target is not None else None)
-            return _data({"reconciled": [operation_view(op) for op in settled], "count": len(settled)})
-        if name == "get_operation":
-            operation = await self._find(arguments)
-            events = await self.guard.ledger.events(operation.id)
-            history = [event.model_dump(mode="json", exclude={"operation_id"}) for event in events]
-            deliveries = await self.guard.ledger.delivery_events(operation.id)
-            return _data(
-                {**operation_view(operation), "history": history, "delivery_events": delivery_view(deliveries)}
-            )
-        state = State(arguments["state"]) if "state" in arguments else None
-        operations = await self.guard.ledger.list_operations(
-            state=state, campaign_id=arguments.get("campaign_id"), limit=arguments.get("limit", 50)
-        )
-        return _data({"operations": [operation_view(op) for op in operations], "count": len(operations)})
 
-    async def _batch_tool(
-        self, name: str, arguments: dict[str, Any], progress: Progress | None
-    ) -> types.CallToolResult:
-        if name == "plan_batch":
-            if not self.tools:
-                await self.refresh_tools()
-            sends = sends_from_tool(arguments["sends"])
-            batch_id = await self.batches.plan(sends, name=arguments.get("name"), actor="agent")
-            return _data(batch_view(await self.guard.ledger.batch_status(batch_id)))
-        if name == "run_batch":
-            await self.guard.upstream.wait_connected()
-            status = await self.batches.run(
-                arguments["batch_id"], concurrency=arguments.get("concurrency", 4), progress=progress
-            )
-            return _data(batch_view(status))
-        if name == "batch_status":
-            return _data(batch_view(await self.guard.ledger.batch_status(arguments["batch_id"])))
-        channel = arguments.get("channel", "all")
-        opt_out = Suppression(
-            recipient=recipients.normalise_recipient(arguments["recipient"], channel),  # refuses an unreadable one
-            channel=channel,
-            reason=arguments["reason"],
-            source=arguments.get("source", "agent"),
-        )
-        cancelled = await self.guard.ledger.add_suppression(opt_out, actor="agent")
-        return _data(
-            {
-                "recipient": opt_out.recipient,
-                "channel": opt_out.channel,
-                "cancelled_operations": cancelled,
-            }
-        )
+def _plain(result: types.CallToolResult) -> Answered:
+    return Answered(result, "error" if result.is_error else "ok")
 
-    async def _review_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        """The review queue, offered to the agent only with `[review] expose_to_agent = true`."""
-        if name == "review_list":
-            waiting = await self.guard.ledger.list_operations(
-                state=State.NEEDS_REVIEW, limit=arguments.get("limit", 50)
-            )
-            return _data({"operations": [operation_view(op) for op in waiting], "count": len(waiting)})
-        if name == "review_resolve":
-            resolved = await self.guard.ledger.resolve_review(
-                arguments["operation_id"],
-                state=State(arguments["state"]),
-                reason=arguments["reason"],
-                actor="agent",
-                provider_id=arguments.get("provider_id"),
-            )
-            return _data(operation_view(resolved))
-        resent = await review.resend(self.guard, arguments["operation_id"], reason=arguments["reason"], actor="agent")
-        return _data(operation_view(resent))
 
-    async def _find(self, arguments: Mapping[str, Any]) -> Operation:
-        """The operation named by `operation_id` or `idempotency_key` (either takes an id or a key)."""
-        reference = arguments.get("operation_id", arguments.get("idempotency_key"))
-        if reference is None:
-            raise BadInput("give operation_id or idempotency_key")
-        return await find_operation(self.guard.ledger, reference)
+def _send_result(report: SendReport) -> types.CallToolResult:
+    """A guarded send's answer: Hail's own record when it has one, else what happened and the next step."""
+    operation = report.operation
+    view = views.operation_view(operation, replayed=report.replayed)
+    guard_view = {key: value for key, value in view.items() if key in _GUARD_FIELDS}
+    if operation.state is State.ACCEPTED:
+        return views.data_result({**(operation.result or {}), "hail_guard": guard_view})
+    if operation.state is State.FAILED:
+        payload = operation.result if operation.result is not None else {"error": operation.last_error}
+        return views.data_result({**payload, "hail_guard": guard_view})
+    said = f"{policy.headline(operation)} {policy.sentence(guard_view['next_step'])}."
+    return views.error_result(said, {"hail_guard": guard_view})
 
 
 def tool_fingerprint(tool: types.Tool) -> str:
@@ -502,116 +272,4 @@ def build_server(proxy: Proxy) -> Server[Any]:
         get_tool_input_schema=proxy.input_schema,
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
-    )
-
-
-def call_outcome(result: types.CallToolResult) -> str:
-    """A guarded send's state (or `replayed`), else `ok` / `error`: a small, fixed set of labels."""
-    data = result.structured_content if isinstance(result.structured_content, dict) else {}
-    view = data.get("hail_guard")
-    if isinstance(view, dict) and isinstance(view.get("state"), str):
-        return "replayed" if view.get("replayed") else str(view["state"])
-    return "error" if result.is_error else "ok"
-
-
-next_step = policy.next_step
-
-
-def operation_view(operation: Operation, *, replayed: bool | None = None) -> dict[str, Any]:
-    view: dict[str, Any] = {
-        "operation_id": operation.id,
-        "idempotency_key": operation.idempotency_key,
-        "state": operation.state.value,
-        "tool": operation.tool,
-        "recipients": operation.recipients,
-        "provider_id": operation.provider_id,
-        "attempts": operation.attempts,
-        "last_error": operation.last_error,
-        "review_reason": operation.review_reason,
-        "cancel_reason": operation.cancel_reason,
-        "may_have_left": operation.may_have_left,
-        "delivery_state": operation.delivery_state.value if operation.delivery_state else None,
-        "delivery_at": operation.delivery_at.isoformat() if operation.delivery_at else None,
-        "created_at": operation.created_at.isoformat(),
-        "updated_at": operation.updated_at.isoformat(),
-        "next_step": next_step(operation),
-    }
-    if operation.not_before is not None:
-        view["not_before"] = operation.not_before.isoformat()
-    for link in ("resend_of", "resent_as"):
-        if getattr(operation, link) is not None:
-            view[link] = getattr(operation, link)
-    if replayed is not None:
-        view["replayed"] = replayed
-    return view
-
-
-SECRET_ARGUMENTS = frozenset({"api_key", "apikey", "access_token", "token", "secret", "client_secret", "password"})
-"""Argument names (at any depth) whose values are shown `[redacted]`: `place_call`'s `llm.api_key`, for one."""
-REDACTED = "[redacted]"
-
-
-def request_view(operation: Operation) -> dict[str, Any]:
-    """The stored request as every view shows it (`ops show`, `ops export`): secrets the upstream needs in
-    clear, such as `llm.api_key`, are stored so that a replay sends the same request, and shown redacted."""
-    return {name: _redacted(name, value) for name, value in operation.arguments().items()}
-
-
-def _redacted(name: str | None, value: Any) -> Any:
-    if name is not None and name.lower() in SECRET_ARGUMENTS:
-        return REDACTED
-    if isinstance(value, Mapping):
-        return {key: _redacted(key, item) for key, item in value.items()}
-    return [_redacted(None, item) for item in value] if isinstance(value, list) else value
-
-
-def delivery_view(events: Sequence[DeliveryEvent]) -> list[dict[str, Any]]:
-    """Delivery events as the agent and the operator see them: state, when it happened, where it was learnt."""
-    return [event.model_dump(mode="json", exclude={"operation_id"}) for event in events]
-
-
-def batch_view(status: BatchStatus) -> dict[str, Any]:
-    unresolved = [operation_view(op) for op in status.unresolved]
-    return {
-        "batch_id": status.batch_id,
-        "name": status.name,
-        "total": status.total,
-        "counts": {state.value: count for state, count in status.counts.items()},
-        "unresolved": unresolved,
-        "next_step": (
-            "run_batch sends what is ready; unresolved sends are settled by reconcile or a human"
-            if status.counts.get(State.READY) or unresolved
-            else "nothing left to send"
-        ),
-    }
-
-
-def _send_result(report: SendReport) -> types.CallToolResult:
-    operation = report.operation
-    guard_view = {
-        key: value
-        for key, value in operation_view(operation, replayed=report.replayed).items()
-        if key in {"operation_id", "idempotency_key", "state", "replayed", "next_step", "not_before"}
-    }
-    if operation.state is State.ACCEPTED:
-        return _data({**(operation.result or {}), "hail_guard": guard_view})
-    if operation.state is State.FAILED:
-        payload = operation.result if operation.result is not None else {"error": operation.last_error}
-        return _data({**payload, "hail_guard": guard_view})
-    return _error(
-        f"{policy.headline(operation)} {policy.sentence(guard_view['next_step'])}.", {"hail_guard": guard_view}
-    )
-
-
-def _data(data: Mapping[str, Any]) -> types.CallToolResult:
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=json.dumps(data, default=str))],
-        structured_content=dict(data),
-    )
-
-
-def _error(message: str, extra: Mapping[str, Any] | None = None) -> types.CallToolResult:
-    data = {"error": message, **(extra or {})}
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=message)], structured_content=data, is_error=True
     )

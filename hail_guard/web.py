@@ -103,7 +103,7 @@ def build_http_app(
 
     async def metrics_page(request: Request) -> Response:
         try:
-            await metrics.count_operations(proxy.guard.ledger)
+            await metrics.count_operations(proxy.ledger)
         except HailGuardError as exc:
             log.warning("metrics_ledger_unavailable", error=str(exc))
         return Response(metrics.render(), media_type=CONTENT_TYPE)
@@ -154,7 +154,7 @@ def _webhook_endpoint(proxy: Proxy, http: HttpSettings, hooks: WebhookSettings, 
             hook = webhooks.receive(
                 secret, body, request.headers, now=time.time(), tolerance_seconds=hooks.tolerance_seconds
             )
-            outcome = await proxy.guard.ledger.record_webhook(hook)
+            outcome = await proxy.ledger.record_webhook(hook)
         except WebhookRefused as exc:
             log.warning("webhook_refused", status=exc.status, reason=str(exc))
             return answer(exc.status, "refused", str(exc))
@@ -184,8 +184,8 @@ async def _ledger_check(proxy: Proxy) -> str:
     """`ok` when the ledger answers and takes a write (expiring leases is one), else why not."""
     try:
         with anyio.fail_after(READY_PROBE_SECONDS):
-            await proxy.guard.ledger.now()
-            await proxy.guard.ledger.expire_leases()
+            await proxy.ledger.now()
+            await proxy.ledger.expire_leases()
     except TimeoutError:
         return "timeout"
     except Exception as exc:  # a probe's boundary: any failure means "not ready", logged

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pytest
 from mcp import Client, types
 
-from hail_guard.guard import Guard, GuardSettings
+from hail_guard.guard import GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.lifecycle import is_legal
 from hail_guard.logs import configure_logging
@@ -131,6 +131,6 @@ async def open_harness(
         open_ledger(ledger_url or f"sqlite:///{tmp_path / 'ledger.db'}") as ledger,
         connect_upstream(target, timeout_seconds=guard_settings.timeout_seconds, heartbeat_seconds=None) as upstream,
     ):
-        proxy = Proxy(Guard(ledger, upstream, guard_settings), upstream)
+        proxy = Proxy(ledger, upstream, guard_settings)
         await proxy.refresh_tools()
         yield Harness(sandbox, ledger, proxy, guard_settings)

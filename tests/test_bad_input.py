@@ -195,7 +195,7 @@ def arguments_for(proxy: Proxy, tool: str) -> st.SearchStrategy[dict[str, Any]]:
 async def open_review_harness(tmp_path: Path) -> AsyncIterator[Harness]:
     """The whole proxy over the sandbox, with the review queue exposed so its tools are attacked too."""
     async with open_harness(tmp_path) as opened:
-        proxy = Proxy(opened.proxy.guard, opened.proxy.upstream, expose_review=True)
+        proxy = Proxy(opened.ledger, opened.proxy.upstream, opened.settings, expose_review=True)
         await proxy.refresh_tools()
         yield Harness(opened.sandbox, opened.ledger, proxy, opened.settings)
 

@@ -207,7 +207,7 @@ async def test_the_ledger_cannot_record_so_nothing_is_forwarded(tmp_path: Path) 
     async with open_harness(tmp_path) as harness:
         import sqlite3
 
-        holder = sqlite3.connect(str(harness.ledger._path), isolation_level=None)  # type: ignore[attr-defined]
+        holder = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None)  # the harness's ledger file
         holder.execute("BEGIN IMMEDIATE")
         try:
             with capture_logs() as logs:
@@ -222,7 +222,7 @@ async def test_the_ledger_cannot_record_so_nothing_is_forwarded(tmp_path: Path) 
 
 
 async def test_an_unreachable_upstream_refuses_sends_before_recording_anything(tmp_path: Path) -> None:
-    from hail_guard.guard import Guard, GuardSettings
+    from hail_guard.guard import GuardSettings
     from hail_guard.ledger import open_ledger
     from hail_guard.server import Proxy
     from hail_guard.upstream import UpstreamTarget, connect_upstream
@@ -233,7 +233,7 @@ async def test_an_unreachable_upstream_refuses_sends_before_recording_anything(t
         open_ledger(str(tmp_path / "ledger.db")) as ledger,
         connect_upstream(target, timeout_seconds=1, connect_timeout_seconds=0.3, heartbeat_seconds=None) as upstream,
     ):
-        proxy = Proxy(Guard(ledger, upstream, GuardSettings(timeout_seconds=1)), upstream)
+        proxy = Proxy(ledger, upstream, GuardSettings(timeout_seconds=1))
         proxy.tools = {"send_email": _send_email_tool()}
         proxy.guarded = {"send_email"}
         result = await proxy.call("send_email", email())

@@ -91,7 +91,7 @@ async def open_rig(
                 target, timeout_seconds=TIMEOUT_SECONDS, connect_timeout_seconds=3.0, heartbeat_seconds=None
             ) as upstream,
         ):
-            proxy = Proxy(Guard(ledger, upstream, guard_settings), upstream)
+            proxy = Proxy(ledger, upstream, guard_settings)
             with anyio.fail_after(10):
                 await proxy.refresh_tools()
             yield Rig(Harness(sandbox, ledger, proxy, guard_settings), link)

@@ -31,7 +31,7 @@ from hail_guard import app
 from hail_guard.cli import main
 from hail_guard.config import load_settings
 from hail_guard.errors import ConfigError, HailGuardError, SignInRequired
-from hail_guard.guard import Guard, GuardSettings
+from hail_guard.guard import GuardSettings
 from hail_guard.ledger import open_ledger
 from hail_guard.models import State
 from hail_guard.oauth import SignIn, TokenStore, login, logout
@@ -94,7 +94,7 @@ async def proxy_signed_in(hail: Hail, sign_in: SignIn, tmp_path: Path) -> AsyncI
         open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger,
         upstream_signed_in(hail, sign_in) as upstream,
     ):
-        proxy = Proxy(Guard(ledger, upstream, GuardSettings(timeout_seconds=5)), upstream)
+        proxy = Proxy(ledger, upstream, GuardSettings(timeout_seconds=5))
         await proxy.refresh_tools()
         yield proxy
 

@@ -32,10 +32,13 @@ class Rewording:
         result: types.CallToolResult = await self.upstream.call_tool(name, arguments, **kwargs)
         return result
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.upstream, name)  # the rest of the upstream (wait_connected, connected...) as it is
+
 
 async def pinned_proxy(harness: Any, *, pin: bool) -> tuple[Proxy, Rewording]:
     upstream = Rewording(harness.proxy.upstream)
-    proxy = Proxy(harness.proxy.guard, upstream, pin_tools=pin)
+    proxy = Proxy(harness.ledger, upstream, harness.settings, pin_tools=pin)
     await proxy.refresh_tools()
     return proxy, upstream
 

@@ -25,7 +25,6 @@ from starlette.types import Receive, Scope, Send
 
 from hail_guard.config import HttpSettings, LedgerSettings, Settings, UpstreamSettings
 from hail_guard.errors import ConfigError
-from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import open_ledger
 from hail_guard.listener import listening, serve_app
 from hail_guard.logs import REDACTED, redact_secrets
@@ -77,8 +76,8 @@ class Web:
 async def instrumented(proxy: Proxy, metrics: Metrics, wrap_upstream: Callable[[Any], Any] | None) -> Proxy:
     """The harness's proxy, reporting to `metrics` as `open_proxy(metrics=...)` wires it."""
     upstream = wrap_upstream(proxy.upstream) if wrap_upstream is not None else proxy.upstream
-    ledger, upstream = metrics.timed(proxy.guard.ledger, "ledger"), metrics.timed(upstream, "upstream")
-    wired = Proxy(Guard(ledger, upstream, proxy.guard.settings), upstream, observer=metrics)
+    ledger, upstream = metrics.timed(proxy.ledger, "ledger"), metrics.timed(upstream, "upstream")
+    wired = Proxy(ledger, upstream, proxy.settings, observer=metrics)
     await wired.refresh_tools()
     return wired
 
@@ -338,7 +337,7 @@ async def test_readiness_is_503_naming_the_part_that_is_down(tmp_path: Path) -> 
         open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger,
         connect_upstream(target, connect_timeout_seconds=2, heartbeat_seconds=None) as upstream,
     ):
-        proxy = Proxy(Guard(ledger, upstream, GuardSettings()), upstream)
+        proxy = Proxy(ledger, upstream)
         app = build_http_app(proxy, http_settings())
         transport = httpx2.ASGITransport(app=app)
         async with httpx2.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:

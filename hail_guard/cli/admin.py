@@ -15,9 +15,9 @@ from hail_guard.config import Settings
 from hail_guard.errors import ConfigError
 from hail_guard.ledger import migrate as migrate_ledger
 from hail_guard.models import State
-from hail_guard.server import operation_view
 from hail_guard.upstream import UpstreamTarget
 from hail_guard.urls import display_url
+from hail_guard.views import operation_view
 
 
 def add_commands(commands: Commands) -> None:

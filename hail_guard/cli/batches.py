@@ -26,7 +26,7 @@ from hail_guard.config import Settings
 from hail_guard.errors import NotFound
 from hail_guard.models import SUPPRESSION_CHANNELS, BatchStatus, State, Suppression
 from hail_guard.recipients import normalise_recipient
-from hail_guard.server import batch_view
+from hail_guard.views import batch_view
 
 log = structlog.get_logger(__name__)
 MOST_AT_ONCE = 256
@@ -97,7 +97,7 @@ async def _batch_plan(args: argparse.Namespace, settings: Settings) -> int:
     async with app.open_proxy(settings) as proxy:
         sends = read_batch_file(args.file, proxy.guarded_schema)
         batch_id = await proxy.batches.plan(sends, name=args.name, actor=f"operator {getpass.getuser()}")
-        status = await proxy.guard.ledger.batch_status(batch_id)
+        status = await proxy.ledger.batch_status(batch_id)
     print(json_text({**batch_view(status), "next_step": next_command(status)}, indent=2))
     return 0
 
@@ -111,8 +111,8 @@ async def _batch_approve(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _batch_run(args: argparse.Namespace, settings: Settings) -> int:
     async with app.open_proxy(settings) as proxy:
-        before = await proxy.guard.ledger.batch_status(args.batch_id)  # no batch: an error, and no bar drawn
-        await proxy.guard.upstream.wait_connected()
+        before = await proxy.ledger.batch_status(args.batch_id)  # no batch: an error, and no bar drawn
+        await proxy.upstream.wait_connected()
         total = before.counts.get(State.READY, 0) or None
         with progress(f"sending {args.batch_id}", total=total, enabled=not args.no_progress) as advance:
 

@@ -37,7 +37,7 @@ from hail_guard.config import Settings
 from hail_guard.errors import BadInput
 from hail_guard.ledger import find_operation
 from hail_guard.models import Operation, State
-from hail_guard.server import delivery_view, next_step, operation_view, request_view
+from hail_guard.views import delivery_view, operation_view, request_view
 
 _STATES = [state.value for state in State]
 REFERENCE_HELP = "an operation id or an idempotency key"
@@ -114,7 +114,7 @@ def _review_commands(review_queue: Commands) -> None:
 
 async def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
     async with app.open_proxy(settings) as proxy:
-        target = await find_operation(proxy.guard.ledger, args.reference) if args.reference else None
+        target = await find_operation(proxy.ledger, args.reference) if args.reference else None
         settled = await proxy.guard.reconcile(target.id if target is not None else None)
     if args.json:
         print(json_text([operation_view(op) for op in settled], indent=2))
@@ -318,10 +318,10 @@ async def _review_resolve(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _review_resend(args: argparse.Namespace, settings: Settings) -> int:
     async with app.open_proxy(settings) as proxy:
-        operation = await find_operation(proxy.guard.ledger, args.reference)
+        operation = await find_operation(proxy.ledger, args.reference)
         if operation.state is not State.NEEDS_REVIEW:
             raise policy.not_in_review(operation, "resent")
-        await proxy.guard.upstream.wait_connected()
+        await proxy.upstream.wait_connected()
         seen = await proxy.guard.look_for(operation)
         print(f"looked in Hail ({seen.searched}): {terminal_text(_sighting_text(seen))}", file=sys.stderr)
         if seen.record is not None:
@@ -333,7 +333,7 @@ async def _review_resend(args: argparse.Namespace, settings: Settings) -> int:
     key = terminal_text(resent.idempotency_key)
     print(f"{operation.id} resent as {resent.id} (key {key}): {resent.state.value}")
     if resent.state is not State.ACCEPTED:
-        print(f"next: {terminal_text(next_step(resent))}")
+        print(f"next: {terminal_text(policy.next_step(resent))}")
         return 3
     return 0
 

@@ -229,8 +229,8 @@ class Drill:
         async with AsyncExitStack() as stack:
             target = await self._upstream_target(stack, sandbox)
             ledger, upstream = await stack.enter_async_context(self.connect(number, target, timeout_seconds))
-            hail_guard = Guard(ledger, upstream, self.guard_settings(timeout_seconds, **guard))
-            proxy = Proxy(hail_guard, upstream, require_approval=require_approval, record_tools=False)
+            settings = self.guard_settings(timeout_seconds, **guard)
+            proxy = Proxy(ledger, upstream, settings, require_approval=require_approval, record_tools=False)
             await proxy.refresh_tools()
             if self.options.transport == "stdio":
                 served = _Served(self, number, target, timeout_seconds, require_approval, guard)
