@@ -129,6 +129,22 @@ def match_args(intent: Intent, window_seconds: float) -> tuple[Any, ...]:
     )
 
 
+def stage_rows(chunk: Sequence[Intent], *, first: int) -> list[tuple[Any, ...]]:
+    """Rows of the planning stage (`hg_plan_stage`: position, id, the intent, allow_duplicate), from `first`."""
+    return [
+        (position, str(uuid.uuid4()), *intent_values(intent)[:-1], intent.allow_duplicate)
+        for position, intent in enumerate(chunk, start=first)
+    ]
+
+
+def delivery_check_args(
+    channels: Sequence[str], max_age_seconds: float, hold_seconds: float, limit: int
+) -> tuple[Any, ...]:
+    """The parameters of `claim_delivery_checks`."""
+    settled = json.dumps(sorted(state.value for state in delivery.SETTLED))
+    return (hold_seconds, json.dumps(list(channels)), settled, max_age_seconds, limit)
+
+
 def opt_out_probes(reached: Sequence[str], channel: str) -> list[str]:
     """The opt-out keys a send to `reached` is checked against (`recipients.keys_of`)."""
     return recipients.keys_of(reached, channel)
@@ -184,6 +200,43 @@ class LedgerCore(ABC):
     @abstractmethod
     async def _write(self, work: Work[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """`work(tx, ...)` in one write transaction, durable when it returns: rolled back if it raises."""
+
+    # The backend's own steps, under the names and keywords of the `Ledger` protocol:
+
+    @abstractmethod
+    async def _claim_unknown(
+        self, owner: str, lease_seconds: float, operation_id: str | None, batch_id: str | None, limit: int
+    ) -> list[Operation]:
+        """Expire lapsed leases, then claim the `unknown` operation asked for, or up to `limit` that are due."""
+
+    @abstractmethod
+    async def _plan_batch(
+        self, batch_id: str, name: str | None, intents: Iterable[Intent], state: State, actor: str, window: float | None
+    ) -> int:
+        """Stage the intents (`stage_rows`), then check and copy them in one transaction (`plan_staged`)."""
+
+    async def claim_unknown(
+        self,
+        *,
+        owner: str,
+        lease_seconds: float,
+        operation_id: str | None = None,
+        batch_id: str | None = None,
+        limit: int = 100,
+    ) -> list[Operation]:
+        return await self._claim_unknown(owner, lease_seconds, operation_id, batch_id, limit)
+
+    async def plan_batch(
+        self,
+        *,
+        batch_id: str,
+        name: str | None,
+        intents: Iterable[Intent],
+        state: State,
+        actor: str,
+        duplicate_window_seconds: float | None = None,
+    ) -> int:
+        return await self._plan_batch(batch_id, name, intents, state, actor, duplicate_window_seconds)
 
     async def now(self) -> datetime:
         return await self._read(_now)

@@ -39,7 +39,7 @@ import anyio
 import asyncpg
 import structlog
 
-from hail_guard import delivery, policy, recipients
+from hail_guard import policy, recipients
 from hail_guard.errors import ConfigError, HailGuardError, LeaseLost, LedgerError, LedgerUnavailable
 from hail_guard.ledger import Begin, backfill, core, sql
 from hail_guard.ledger.core import LEASE_EXPIRED, PLAN_CHUNK, Row, Work
@@ -171,14 +171,8 @@ class PostgresLedger(core.LedgerCore):
             )
         return core.operation_of(row)
 
-    async def claim_unknown(
-        self,
-        *,
-        owner: str,
-        lease_seconds: float,
-        operation_id: str | None = None,
-        batch_id: str | None = None,
-        limit: int = 100,
+    async def _claim_unknown(
+        self, owner: str, lease_seconds: float, operation_id: str | None, batch_id: str | None, limit: int
     ) -> list[Operation]:
         async with self._alone() as db:
             await db.fetchval(_SQL["expire_leases"], LEASE_EXPIRED)  # first: what it turns `unknown` is claimed next
@@ -208,21 +202,13 @@ class PostgresLedger(core.LedgerCore):
     async def claim_delivery_checks(
         self, *, channels: Sequence[str], max_age_seconds: float, hold_seconds: float, limit: int = 50
     ) -> list[Operation]:
-        settled = json.dumps(sorted(state.value for state in delivery.SETTLED))
-        arguments = (hold_seconds, json.dumps(list(channels)), settled, max_age_seconds, limit)
+        arguments = core.delivery_check_args(channels, max_age_seconds, hold_seconds, limit)
         async with self._alone() as db:
             rows = await db.fetch(_SQL["claim_delivery_checks"], *arguments)
         return [core.operation_of(row) for row in rows]
 
-    async def plan_batch(
-        self,
-        *,
-        batch_id: str,
-        name: str | None,
-        intents: Iterable[Intent],
-        state: State,
-        actor: str,
-        duplicate_window_seconds: float | None = None,
+    async def _plan_batch(
+        self, batch_id: str, name: str | None, intents: Iterable[Intent], state: State, actor: str, window: float | None
     ) -> int:
         """One transaction: the sends are staged a chunk at a time in a temporary table (nothing of the ledger is
         locked while `intents` is read, which may take long and may raise), then checked against the ledger and
@@ -233,13 +219,13 @@ class PostgresLedger(core.LedgerCore):
                 await tx.run("create_stage")
                 staged, buckets = 0, set[int]()
                 for chunk in _chunks(intents, PLAN_CHUNK):
-                    records = _staged(chunk, first=staged + 1)
+                    records = core.stage_rows(chunk, first=staged + 1)
                     await db.copy_records_to_table("hg_plan_stage", records=records, columns=_STAGE_COLUMNS)
                     buckets.update(bucket for intent in chunk for bucket in message_locks(intent))
                     staged += len(chunk)
-                if duplicate_window_seconds is not None and buckets:
+                if window is not None and buckets:
                     await tx.run("lock_messages", CONTENT_LOCK_SPACE, sorted(buckets))
-                await core.plan_staged(tx, batch_id, name, state, actor, duplicate_window_seconds)
+                await core.plan_staged(tx, batch_id, name, state, actor, window)
         except _IntentsRaised as raised:
             raise raised.error from raised.error.__cause__  # the caller's own error, not the ledger's
         return staged
@@ -325,14 +311,6 @@ def _chunks(intents: Iterable[Intent], size: int) -> Iterator[list[Intent]]:
         if not chunk:
             return
         yield chunk
-
-
-def _staged(chunk: Sequence[Intent], *, first: int) -> list[tuple[Any, ...]]:
-    """Rows of the planning stage (`_STAGE_COLUMNS`), numbered from `first`."""
-    return [
-        (position, str(uuid.uuid4()), *core.intent_values(intent)[:-1], intent.allow_duplicate)
-        for position, intent in enumerate(chunk, start=first)
-    ]
 
 
 # --- connections, migrations, errors --------------------------------------------------------------------

@@ -33,7 +33,7 @@ import aiosqlite
 import anyio
 import anyio.to_thread
 
-from hail_guard import delivery, policy, recipients
+from hail_guard import policy, recipients
 from hail_guard.errors import HailGuardError, LeaseLost, LedgerUnavailable
 from hail_guard.ledger import Begin, backfill, core, sql
 from hail_guard.ledger.core import LEASE_EXPIRED, PLAN_CHUNK, Row, Work, must_row
@@ -234,14 +234,8 @@ class SqliteLedger(core.LedgerCore):
         result: list[Operation] = await self._grouped(_claim_ready, owner, lease_seconds, batch_id, limit)
         return result
 
-    async def claim_unknown(
-        self,
-        *,
-        owner: str,
-        lease_seconds: float,
-        operation_id: str | None = None,
-        batch_id: str | None = None,
-        limit: int = 100,
+    async def _claim_unknown(
+        self, owner: str, lease_seconds: float, operation_id: str | None, batch_id: str | None, limit: int
     ) -> list[Operation]:
         result: list[Operation] = await self._grouped(
             _claim_unknown, owner, lease_seconds, operation_id, batch_id, limit
@@ -255,20 +249,12 @@ class SqliteLedger(core.LedgerCore):
     async def claim_delivery_checks(
         self, *, channels: Sequence[str], max_age_seconds: float, hold_seconds: float, limit: int = 50
     ) -> list[Operation]:
-        settled = json.dumps(sorted(state.value for state in delivery.SETTLED))
-        args = (hold_seconds, json.dumps(list(channels)), settled, max_age_seconds, limit)
+        args = core.delivery_check_args(channels, max_age_seconds, hold_seconds, limit)
         result: list[Operation] = await self._grouped(_operations, "claim_delivery_checks", args)
         return result
 
-    async def plan_batch(
-        self,
-        *,
-        batch_id: str,
-        name: str | None,
-        intents: Iterable[Intent],
-        state: State,
-        actor: str,
-        duplicate_window_seconds: float | None = None,
+    async def _plan_batch(
+        self, batch_id: str, name: str | None, intents: Iterable[Intent], state: State, actor: str, window: float | None
     ) -> int:
         """On a connection of its own: staged a chunk per trip in a temporary table (no lock on the ledger, so
         other processes keep sending while a large file is read and checked), then checked against the ledger
@@ -279,11 +265,11 @@ class SqliteLedger(core.LedgerCore):
                 await tx.run("create_stage")
                 staged = 0
                 for chunk in _chunks(intents, PLAN_CHUNK):
-                    await tx.run_many("stage_send", _staged(chunk, first=staged + 1))
+                    await tx.run_many("stage_send", core.stage_rows(chunk, first=staged + 1))
                     staged += len(chunk)
                 await db.execute("BEGIN IMMEDIATE")
                 try:
-                    await core.plan_staged(tx, batch_id, name, state, actor, duplicate_window_seconds)
+                    await core.plan_staged(tx, batch_id, name, state, actor, window)
                 except BaseException:
                     with anyio.CancelScope(shield=True):
                         await db.execute("ROLLBACK")
@@ -417,14 +403,6 @@ def _chunks(items: Iterable[Intent], size: int) -> Iterator[list[Intent]]:
     iterator = iter(items)
     while chunk := list(itertools.islice(iterator, size)):
         yield chunk
-
-
-def _staged(chunk: Sequence[Intent], *, first: int) -> list[tuple[Any, ...]]:
-    """Rows of the planning stage, numbered from `first`."""
-    return [
-        (position, str(uuid.uuid4()), *core.intent_values(intent)[:-1], intent.allow_duplicate)
-        for position, intent in enumerate(chunk, start=first)
-    ]
 
 
 # --- connections, migrations, errors --------------------------------------------------------------------
