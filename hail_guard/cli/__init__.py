@@ -1,7 +1,8 @@
 """The `hail-guard` command line: the edge where settings are read and errors become exit codes.
 
-Exit codes: 0 done, 1 a hail-guard error (the message says what to do), 2 bad usage, 3 sends left
-unresolved (`batch run`, `review resend`). Command output goes to stdout; logs and notices go to stderr.
+Exit codes: 0 done, 1 a hail-guard error (`BadInput` among them: the message says what to do), 2 options
+argparse cannot read, 3 sends left unresolved (`batch run`, `review resend`). Command output goes to
+stdout; logs and notices go to stderr.
 Global options (`--config`) go before or after the command. Each module here owns a few commands,
 their options and their output: `operations` (ops, reconcile, review), `batches` (batch, worker,
 suppress), `admin` (serve, status, migrate, upstream, backup, prune), `signin` (login, logout),
