@@ -20,8 +20,10 @@
     ├── WebhookRefused         a webhook that is forged, stale or replayed (401), or unreadable (400)
     └── NotFound               no such operation
 
-Every boundary (ledger backends, the upstream client) maps foreign exceptions into this tree in
-one place. Only the server turns these errors into MCP results.
+Every boundary maps foreign exceptions into this tree in one place, and a test walks every foreign
+class it can meet: `ledger.sqlite.errors_mapped`, `ledger.postgres_errors.errors_mapped`,
+`upstream.map_error`. What an agent is told for each error is one table (`policy.failure_of`); only
+the server turns it into an MCP result. The command line exits 1 for any of them.
 """
 
 from __future__ import annotations
