@@ -60,6 +60,8 @@ class CallObserver(Protocol):
 
 @dataclass(frozen=True)
 class Answered:
+    """What a route answered, and how the call is counted."""
+
     result: types.CallToolResult
     outcome: str
     """The metric label: a guarded send's state (or `replayed`), else `ok` / `error`."""
