@@ -13,7 +13,7 @@ key that the agent meant, every outbox message is known to the ledger, and none 
 
 Seeded: the seed picks each run's sends (channel, how the key is made), the hit N and the worker's
 concurrency; a failure names it: rerun with HAIL_GUARD_CAMPAIGN_SEED=<seed>. The default suite runs
-QUICK_RUNS per scenario; the campaign (`slow`, run by .ci/run) runs HAIL_GUARD_CAMPAIGN_RUNS (20).
+QUICK_RUNS per scenario; the campaign (`slow`) runs HAIL_GUARD_CAMPAIGN_RUNS (20 when unset, 8 in .ci/run).
 Processes are forked from a preloaded interpreter (tests/forked.py) to keep hundreds of starts cheap.
 """
 

@@ -277,6 +277,6 @@ def test_guard_keeps_its_promise_over_longer_runs() -> None:
     run_state_machine_as_test(
         GuardMachine,
         settings=settings(
-            max_examples=100, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+            max_examples=50, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
         ),
     )

@@ -85,7 +85,7 @@ async def stop(process: Process) -> int:
 @pytest.mark.timeout(300)  # 35 s to over 2 min on 2 shared cores: past the 60 s default
 @pytest.mark.parametrize(
     ("shared_ledger", "sends"),
-    [("sqlite", 2000), pytest.param("postgres", 5000, marks=pytest.mark.slow)],
+    [("sqlite", 1000), pytest.param("postgres", 2000, marks=pytest.mark.slow)],
     indirect=["shared_ledger"],
 )
 async def test_four_worker_processes_drain_a_batch_sending_each_operation_once(
