@@ -224,6 +224,23 @@ class ReviewSettings(_Section):
     """Offer the review queue to the agent as tools (`review_list`, `review_resolve`, `review_resend`)."""
 
 
+class ConsoleSettings(_Section):
+    """The operator console (`hail_guard.console`): at `/console` beside `/mcp`, or alone (`hail-guard console`)."""
+
+    token_env: str = "HAIL_GUARD_OPERATOR_TOKEN"  # noqa: S105  (the name of a variable, not a secret)
+    """The variable holding the operators' token (never the agents' token); unset: the console signs nobody in
+    with a token, and `hail-guard console` offers its one-time link only."""
+    port: int = Field(default=8766, ge=0, le=65535)
+    """Where `hail-guard console` listens, on 127.0.0.1."""
+    session_hours: float = Field(default=12.0, gt=0, le=24 * 30)
+    """How long a sign-in lasts."""
+    sign_ins_per_minute: int = Field(default=10, ge=1)
+    """Sign-in attempts per minute per client address (bursts up to this many); more get 429."""
+
+    def operator_token(self) -> str | None:
+        return os.environ.get(self.token_env) or None
+
+
 class LogSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -237,6 +254,7 @@ class Settings(_Section):
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     review: ReviewSettings = Field(default_factory=ReviewSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     log: LogSettings = Field(default_factory=LogSettings)
 
 

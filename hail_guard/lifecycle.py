@@ -2,7 +2,7 @@
 
     planned --approve--> ready --claim--> sending --answer--> accepted | failed | unknown | ready | needs_review
        |                   |                 |--lease runs out--> unknown --reconcile--> accepted | failed
-       +--opt-out----------+--> cancelled                            |                   | unknown | needs_review
+       +--opt-out, cancel--+--> cancelled                            |                   | unknown | needs_review
                                                                      needs_review --operator--> accepted | failed
                                                                                                 | cancelled
 
@@ -38,6 +38,8 @@ class Mover(StrEnum):
     OPT_OUT = "opt-out"
     """An opt-out recorded by an operator, the agent or an inbound webhook."""
     OPERATOR = "operator"
+    BATCH_CANCEL = "batch cancel"
+    """An operator cancelling what a batch has not sent yet (the console's campaigns)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ MOVES: Final[tuple[Move, ...]] = (
     *_moves((None,), (State.PLANNED, State.READY), Mover.PLANNING),
     Move(State.PLANNED, State.READY, Mover.OPERATOR),
     *_moves((State.PLANNED, State.READY), (State.CANCELLED,), Mover.OPT_OUT),
+    *_moves((State.PLANNED, State.READY), (State.CANCELLED,), Mover.BATCH_CANCEL),
     *_moves((State.NEEDS_REVIEW,), (State.ACCEPTED, State.FAILED, State.CANCELLED), Mover.OPERATOR),
     Move(None, State.READY, Mover.OPERATOR),  # a resend: a new operation
 )

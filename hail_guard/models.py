@@ -290,3 +290,12 @@ class ToolPin(BaseModel):
     @property
     def changed(self) -> bool:
         return self.fingerprint != self.accepted_fingerprint
+
+
+class HourOfSends(BaseModel):
+    """What left in one hour (by the time it was first sent), and what became of it so far."""
+
+    start: datetime
+    sent: int
+    states: dict[State, int]
+    deliveries: dict[DeliveryState, int]

@@ -762,3 +762,115 @@ async def test_concurrent_delivery_facts_settle_on_the_furthest_one(ledger: Ledg
             tg.start_soon(ledger.record_delivery, op.id, [observed(state)])
     assert (await ledger.get(op.id)).delivery_state is DeliveryState.BOUNCED
     assert sorted(e.state for e in await ledger.delivery_events(op.id)) == sorted(states)
+
+
+# --- What the operator console reads -----------------------------------------------------------------------------
+
+
+async def test_an_hour_of_sends_counts_what_left_in_it_by_state_and_delivery(ledger: Ledger) -> None:
+    op = await accepted(ledger)
+    await ledger.record_delivery(op.id, [observed(DeliveryState.BOUNCED)])
+    await ledger.begin_send(intent("c1:l2:email:intro", body="other"), owner="w1", lease_seconds=60)
+    await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(2), state=State.READY, actor="op")
+    now = await ledger.now()
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    counted = await ledger.hour_of_sends(hour)
+    assert (counted.start, counted.sent) == (hour, 2)  # the ready ones have not left
+    assert counted.states == {State.ACCEPTED: 1, State.SENDING: 1}
+    assert counted.deliveries == {DeliveryState.BOUNCED: 1}
+    assert (await ledger.hour_of_sends(hour - timedelta(hours=1))).sent == 0
+
+
+async def test_a_search_combines_filters_and_pages_newest_first_or_by_key(ledger: Ledger) -> None:
+    await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(5), state=State.READY, actor="op")
+    await ledger.plan_batch(batch_id="B2", name=None, intents=batch_intents(3, "x"), state=State.PLANNED, actor="op")
+    assert [op.idempotency_key for op in await ledger.search_operations(limit=3)] == ["x:2", "x:1", "x:0"]
+    assert [op.idempotency_key for op in await ledger.search_operations(state=State.READY, batch_id="B1")] == [
+        "b:4",
+        "b:3",
+        "b:2",
+        "b:1",
+        "b:0",
+    ]
+    assert await ledger.search_operations(state=State.PLANNED, batch_id="B1") == []
+    [lead3] = await ledger.search_operations(recipient=" LEAD3@Example.com", batch_id="B1")
+    assert lead3.idempotency_key == "b:3"
+    pages, after = [], None
+    while page := await ledger.search_operations(key_prefix="b:", after=after, limit=2):
+        pages.append([op.idempotency_key for op in page])
+        after = page[-1].id
+    assert pages == [["b:0", "b:1"], ["b:2", "b:3"], ["b:4"]]
+    pages, after = [], None
+    while page := await ledger.search_operations(state=State.PLANNED, after=after, limit=2):
+        pages.append([op.idempotency_key for op in page])
+        after = page[-1].id
+    assert pages == [["x:2", "x:1"], ["x:0"]]
+    now = await ledger.now()
+    assert await ledger.search_operations(since=now + timedelta(hours=1)) == []
+    assert await ledger.search_operations(key_prefix="b:%") == []  # a prefix, never a pattern
+    with pytest.raises(NotFound):
+        await ledger.search_operations(after="no-such-operation")
+
+
+async def test_batches_are_listed_a_page_at_a_time(ledger: Ledger) -> None:
+    await ledger.plan_batch(batch_id="B1", name="first", intents=batch_intents(3), state=State.READY, actor="ada")
+    await ledger.plan_batch(batch_id="B2", name=None, intents=batch_intents(2, "x"), state=State.PLANNED, actor="bo")
+    [first] = await ledger.list_batches(limit=1)
+    [second] = await ledger.list_batches(after=first.batch_id, limit=1)
+    assert (first.batch_id, second.batch_id, second.counts) == ("B2", "B1", {State.READY: 3})
+    assert await ledger.list_batches(after="B1") == []
+
+
+async def test_cancelling_a_batch_cancels_only_what_was_not_sent_and_needs_a_reason(ledger: Ledger) -> None:
+    await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(3), state=State.READY, actor="op")
+    [sending] = await ledger.claim_ready(owner="w1", lease_seconds=60, batch_id="B1")
+    with pytest.raises(RefusedByPolicy, match="needs a reason"):
+        await ledger.cancel_batch("B1", reason=" ", actor="ada")
+    cancelled = await ledger.cancel_batch("B1", reason="wrong list", actor="ada")
+    assert len(cancelled) == 2
+    assert sending.id not in cancelled
+    status = await ledger.batch_status("B1")
+    assert status.counts == {State.SENDING: 1, State.CANCELLED: 2}
+    [event] = [e for e in await ledger.events(cancelled[0]) if e.to_state is State.CANCELLED]
+    assert (event.from_state, event.actor) == (State.READY, "ada")
+    assert "wrong list" in event.reason
+    assert not (await ledger.get(cancelled[0])).may_have_left
+    with pytest.raises(NotFound):
+        await ledger.cancel_batch("B9", reason="x", actor="ada")
+
+
+async def test_opt_outs_are_searched_by_prefix_page_by_page(ledger: Ledger) -> None:
+    for name in ("ada", "adam", "bo", "Ada+news"):
+        await ledger.add_suppression(
+            Suppression(recipient=f"{name}@example.com", channel="email", reason="stop", source="t"), actor="op"
+        )
+    await ledger.add_suppression(Suppression(recipient="ada@example.com", reason="all", source="t"), actor="op")
+    found = [(s.recipient, s.channel) for s in await ledger.search_suppressions(prefix="ADA")]
+    assert found == [
+        ("ada+news@example.com", "email"),
+        ("ada@example.com", "all"),
+        ("ada@example.com", "email"),
+        ("adam@example.com", "email"),
+    ]
+    page = await ledger.search_suppressions(after=("ada@example.com", "email"), limit=2)
+    assert [s.recipient for s in page] == ["adam@example.com", "bo@example.com"]
+
+
+async def test_what_an_opt_out_cancelled_includes_sub_addresses_and_not_other_closes(ledger: Ledger) -> None:
+    sends = [to("k1", "ada@example.com"), to("k2", "ada+news@example.com", body="News"), to("k3", "adam@example.com")]
+    await ledger.plan_batch(batch_id="B1", name=None, intents=sends, state=State.READY, actor="op")
+    review = await in_review(ledger, "k4")
+    await ledger.resolve_review(review.id, state=State.CANCELLED, reason="lead left", actor="op")
+    opt_out = Suppression(recipient="ada@example.com", channel="email", reason="replied STOP", source="t")
+    cancelled = await ledger.add_suppression(opt_out, actor="op")
+    shown = await ledger.opt_out_cancellations("ADA@example.com", "email")
+    assert sorted(op.id for op in shown) == sorted(cancelled)
+    assert sorted(op.idempotency_key for op in shown) == ["k1", "k2"]
+    assert await ledger.opt_out_cancellations("bo@example.com", "email") == []
+
+
+async def test_tool_definitions_are_kept_by_fingerprint(ledger: Ledger) -> None:
+    await ledger.remember_tool_definitions({"fp1": '{"name":"send_email"}', "fp2": '{"name":"send_sms"}'})
+    await ledger.remember_tool_definitions({"fp1": '{"name":"changed?"}'})  # a fingerprint names one text
+    assert await ledger.tool_definitions(["fp1", "fp3"]) == {"fp1": '{"name":"send_email"}'}
+    assert await ledger.tool_definitions([]) == {}

@@ -26,6 +26,7 @@ from hail_guard.models import (
     DeliveryEvent,
     DeliveryObservation,
     Event,
+    HourOfSends,
     Intent,
     Operation,
     Outcome,
@@ -103,8 +104,8 @@ class Ledger(Protocol):
 
     async def batch_status(self, batch_id: str) -> BatchStatus: ...
 
-    async def list_batches(self, *, limit: int = 50) -> list[BatchSummary]:
-        """Batches, newest first, each with its counts by state."""
+    async def list_batches(self, *, after: str | None = None, limit: int = 50) -> list[BatchSummary]:
+        """Batches, newest first, each with its counts by state; `after` (a batch id) continues after it."""
 
     async def count_by_state(self) -> dict[State, int]: ...
 
@@ -195,6 +196,43 @@ class Ledger(Protocol):
         """Copy the ledger, online, to a new file at `path`; returns the operations it holds."""
 
     async def aclose(self) -> None: ...
+
+    # What the operator console reads (and its one write, `cancel_batch`); every list walks an index.
+
+    async def hour_of_sends(self, start: datetime) -> HourOfSends:
+        """The operations first sent in the hour from `start`: how many, by state and by delivery state."""
+
+    async def search_operations(
+        self,
+        *,
+        key_prefix: str | None = None,
+        state: State | None = None,
+        campaign_id: str | None = None,
+        batch_id: str | None = None,
+        recipient: str | None = None,
+        since: datetime | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> list[Operation]:
+        """Operations matching every filter given, newest first (by key with `key_prefix`); `recipient`
+        (normalised) is one of an operation's recipients; `after` (an operation id) continues after it."""
+
+    async def cancel_batch(self, batch_id: str, *, reason: str, actor: str) -> list[str]:
+        """Cancel the batch's sends that were not forwarded (`planned`, `ready`), with events; their ids."""
+
+    async def search_suppressions(
+        self, *, prefix: str | None = None, after: tuple[str, str] | None = None, limit: int = 100
+    ) -> list[Suppression]:
+        """Opt-outs by recipient (those starting with `prefix`, normalised), after (recipient, channel)."""
+
+    async def opt_out_cancellations(self, recipient: str, channel: str, *, limit: int = 20) -> list[Operation]:
+        """Sends to `recipient` (or a sub-address of it) on `channel` cancelled by an opt-out, newest first."""
+
+    async def remember_tool_definitions(self, definitions: Mapping[str, str]) -> None:
+        """Keep each upstream tool definition (canonical JSON) under its fingerprint, so a change can be shown."""
+
+    async def tool_definitions(self, fingerprints: Sequence[str]) -> dict[str, str]:
+        """The definitions kept for these fingerprints (those known)."""
 
 
 async def find_operation(ledger: Ledger, reference: str) -> Operation:

@@ -103,7 +103,9 @@ SELECT {columns} FROM operations WHERE batch_id = $1 AND state IN {unresolved} O
 
 -- name: list_batches
 SELECT b.id AS batch_id, b.name, b.created_at, o.state, count(o.id) AS count
-FROM (SELECT id, name, created_at FROM batches ORDER BY created_at DESC, id DESC LIMIT $1) AS b
+FROM (SELECT id, name, created_at FROM batches
+      WHERE $2::text IS NULL OR (created_at, id) < (SELECT created_at, id FROM batches WHERE id = $2)
+      ORDER BY created_at DESC, id DESC LIMIT $1) AS b
 LEFT JOIN operations AS o ON o.batch_id = b.id
 GROUP BY b.id, b.name, b.created_at, o.state ORDER BY b.created_at DESC, b.id DESC
 
@@ -405,3 +407,113 @@ claimed AS (
     FROM picked WHERE operations.id = picked.id
     RETURNING operations.*)
 SELECT {columns} FROM claimed ORDER BY created_at, seq
+
+-- ---------------------------------------------------------------------------------------------------
+-- The operator console's reads (hail_guard.console), as SQLite's: each walks an index (schema 9). Key and
+-- recipient ranges compare in byte order (COLLATE "C", as their indexes), whatever the database's collation.
+
+-- name: hour_of_sends
+SELECT state, delivery_state, count(*) AS count FROM operations
+WHERE first_sent_at IS NOT NULL AND first_sent_at >= to_timestamp($1) AND first_sent_at < to_timestamp($1 + 3600)
+GROUP BY state, delivery_state
+
+-- name: count_sent
+SELECT count(*) AS count FROM operations
+WHERE first_sent_at IS NOT NULL AND first_sent_at >= to_timestamp($1) AND first_sent_at < to_timestamp($2)
+
+-- name: count_in_state
+SELECT count(*) AS count FROM operations WHERE state = $1
+
+-- name: search_anchor
+SELECT extract(epoch FROM created_at) AS created_at, seq AS position, idempotency_key FROM operations WHERE id = $1
+
+-- name: search_by_key
+SELECT {columns} FROM operations
+WHERE idempotency_key COLLATE "C" >= $1::text AND idempotency_key COLLATE "C" < $2::text
+  AND ($3::text IS NULL OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = $3::text))
+  AND ($4::text IS NULL OR batch_id = $4::text)
+  AND ($5::text IS NULL OR campaign_id = $5::text)
+  AND ($6::text IS NULL OR state = $6::text)
+  AND ($7::float8 IS NULL OR created_at >= to_timestamp($7))
+  AND idempotency_key COLLATE "C" > $10::text AND $8::float8 IS NOT NULL AND $9::bigint IS NOT NULL
+ORDER BY idempotency_key COLLATE "C" LIMIT $11
+
+-- name: search_by_recipient
+SELECT {columns} FROM operations
+WHERE ($1::text IS NULL OR (idempotency_key COLLATE "C" >= $1::text AND idempotency_key COLLATE "C" < $2::text))
+  AND id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = $3::text)
+  AND ($4::text IS NULL OR batch_id = $4::text)
+  AND ($5::text IS NULL OR campaign_id = $5::text)
+  AND ($6::text IS NULL OR state = $6::text)
+  AND ($7::float8 IS NULL OR created_at >= to_timestamp($7))
+  AND (created_at, seq) < (to_timestamp($8::float8), $9::bigint) AND $10::text IS NOT NULL
+ORDER BY created_at DESC, seq DESC LIMIT $11
+
+-- name: search_by_batch
+SELECT {columns} FROM operations
+WHERE ($1::text IS NULL OR (idempotency_key COLLATE "C" >= $1::text AND idempotency_key COLLATE "C" < $2::text))
+  AND ($3::text IS NULL OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = $3::text))
+  AND batch_id = $4::text
+  AND ($5::text IS NULL OR campaign_id = $5::text)
+  AND ($6::text IS NULL OR state = $6::text)
+  AND ($7::float8 IS NULL OR created_at >= to_timestamp($7))
+  AND (created_at, seq) < (to_timestamp($8::float8), $9::bigint) AND $10::text IS NOT NULL
+ORDER BY created_at DESC, seq DESC LIMIT $11
+
+-- name: search_by_campaign
+SELECT {columns} FROM operations
+WHERE ($1::text IS NULL OR (idempotency_key COLLATE "C" >= $1::text AND idempotency_key COLLATE "C" < $2::text))
+  AND ($3::text IS NULL OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = $3::text))
+  AND ($4::text IS NULL OR batch_id = $4::text)
+  AND campaign_id = $5::text
+  AND ($6::text IS NULL OR state = $6::text)
+  AND ($7::float8 IS NULL OR created_at >= to_timestamp($7))
+  AND (created_at, seq) < (to_timestamp($8::float8), $9::bigint) AND $10::text IS NOT NULL
+ORDER BY created_at DESC, seq DESC LIMIT $11
+
+-- name: search_by_state
+SELECT {columns} FROM operations
+WHERE ($1::text IS NULL OR (idempotency_key COLLATE "C" >= $1::text AND idempotency_key COLLATE "C" < $2::text))
+  AND ($3::text IS NULL OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = $3::text))
+  AND ($4::text IS NULL OR batch_id = $4::text)
+  AND ($5::text IS NULL OR campaign_id = $5::text)
+  AND state = $6::text
+  AND ($7::float8 IS NULL OR created_at >= to_timestamp($7))
+  AND (created_at, seq) < (to_timestamp($8::float8), $9::bigint) AND $10::text IS NOT NULL
+ORDER BY created_at DESC, seq DESC LIMIT $11
+
+-- name: search_all
+SELECT {columns} FROM operations
+WHERE ($1::text IS NULL OR (idempotency_key COLLATE "C" >= $1::text AND idempotency_key COLLATE "C" < $2::text))
+  AND ($3::text IS NULL OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = $3::text))
+  AND ($4::text IS NULL OR batch_id = $4::text)
+  AND ($5::text IS NULL OR campaign_id = $5::text)
+  AND ($6::text IS NULL OR state = $6::text)
+  AND ($7::float8 IS NULL OR created_at >= to_timestamp($7))
+  AND (created_at, seq) < (to_timestamp($8::float8), $9::bigint) AND $10::text IS NOT NULL
+ORDER BY created_at DESC, seq DESC LIMIT $11
+
+-- name: unsent_in_batch
+SELECT id, state FROM operations WHERE batch_id = $1 AND state IN {cancellable} ORDER BY created_at, seq FOR UPDATE
+
+-- name: search_suppressions
+SELECT recipient, channel, reason, source, created_at FROM suppressions
+WHERE recipient COLLATE "C" >= $1::text AND recipient COLLATE "C" < $2::text AND (recipient COLLATE "C", channel COLLATE "C") > ($3::text, $4::text)
+ORDER BY recipient COLLATE "C", channel COLLATE "C" LIMIT $5
+
+-- name: opt_out_cancelled
+SELECT {columns} FROM operations
+WHERE id IN (
+    SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = $1::text
+    UNION
+    SELECT operation_id FROM operation_recipients
+    WHERE recipient COLLATE "C" >= $2::text AND recipient COLLATE "C" < $3::text AND recipient LIKE $4::text)
+  AND state = 'cancelled' AND NOT may_have_left AND cancel_reason LIKE $5 AND ($6::text = 'all' OR channel = $6::text)
+ORDER BY updated_at DESC LIMIT $7
+
+-- name: remember_tool_definition
+INSERT INTO upstream_tool_definitions (fingerprint, definition) VALUES ($1, $2) ON CONFLICT DO NOTHING
+
+-- name: tool_definitions
+SELECT fingerprint, definition FROM upstream_tool_definitions
+WHERE fingerprint IN (SELECT jsonb_array_elements_text($1::jsonb))

@@ -105,8 +105,11 @@ SELECT state, COUNT(*) AS count FROM operations WHERE batch_id = ?1 GROUP BY sta
 SELECT {columns} FROM operations WHERE batch_id = ?1 AND state IN {unresolved} ORDER BY created_at, rowid LIMIT 100
 
 -- name: list_batches
+-- ?1 how many, ?2 after this batch (paging).
 SELECT b.id AS batch_id, b.name, b.created_at, o.state, COUNT(o.id) AS count
-FROM (SELECT id, name, created_at FROM batches ORDER BY created_at DESC, id DESC LIMIT ?1) AS b
+FROM (SELECT id, name, created_at FROM batches
+      WHERE ?2 IS NULL OR (created_at, id) < (SELECT created_at, id FROM batches WHERE id = ?2)
+      ORDER BY created_at DESC, id DESC LIMIT ?1) AS b
 LEFT JOIN operations AS o ON o.batch_id = b.id
 GROUP BY b.id, o.state ORDER BY b.created_at DESC, b.id DESC
 
@@ -336,3 +339,118 @@ SELECT id, {now}, NULL, ?1, ?2, ?3 FROM hg_plan_stage ORDER BY position
 
 -- name: clear_stage
 DELETE FROM hg_plan_stage
+
+-- ---------------------------------------------------------------------------------------------------
+-- The operator console's reads (hail_guard.console): each walks an index (schema 7).
+
+-- name: hour_of_sends
+-- ?1 the hour's start (epoch): what was first sent in it, by state and delivery state.
+SELECT state, delivery_state, COUNT(*) AS count FROM operations INDEXED BY operations_by_first_sent
+WHERE first_sent_at IS NOT NULL AND first_sent_at >= ?1 AND first_sent_at < ?1 + 3600
+GROUP BY state, delivery_state
+
+-- name: count_sent
+SELECT COUNT(*) AS count FROM operations INDEXED BY operations_by_first_sent
+WHERE first_sent_at IS NOT NULL AND first_sent_at >= ?1 AND first_sent_at < ?2
+
+-- name: count_in_state
+SELECT COUNT(*) AS count FROM operations INDEXED BY operations_by_state_created WHERE state = ?1
+
+-- name: search_anchor
+SELECT created_at, rowid AS position, idempotency_key FROM operations WHERE id = ?1
+
+-- A search: ?1 and ?2 a key prefix's range, ?3 a recipient, ?4 a batch, ?5 a campaign, ?6 a state, ?7 created
+-- since (epoch), ?8 ?9 ?10 the (created at, position, key) of the operation to continue after, ?11 how many.
+-- The filter named drives (its index, walked in order); the others are checked on the rows it yields.
+
+-- name: search_by_key
+SELECT {columns} FROM operations
+WHERE idempotency_key >= ?1 AND idempotency_key < ?2
+  AND (?3 IS NULL OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient = ?3))
+  AND (?4 IS NULL OR batch_id = ?4)
+  AND (?5 IS NULL OR campaign_id = ?5)
+  AND (?6 IS NULL OR state = ?6)
+  AND (?7 IS NULL OR created_at >= ?7)
+  AND idempotency_key > ?10 AND ?8 IS NOT NULL AND ?9 IS NOT NULL
+ORDER BY idempotency_key LIMIT ?11
+
+-- name: search_by_recipient
+SELECT {columns} FROM operations
+WHERE (?1 IS NULL OR (idempotency_key >= ?1 AND idempotency_key < ?2))
+  AND id IN (SELECT operation_id FROM operation_recipients WHERE recipient = ?3)
+  AND (?4 IS NULL OR batch_id = ?4)
+  AND (?5 IS NULL OR campaign_id = ?5)
+  AND (?6 IS NULL OR state = ?6)
+  AND (?7 IS NULL OR created_at >= ?7)
+  AND created_at <= ?8 AND (created_at < ?8 OR rowid < ?9) AND ?10 IS NOT NULL
+ORDER BY created_at DESC, rowid DESC LIMIT ?11
+
+-- name: search_by_batch
+SELECT {columns} FROM operations INDEXED BY operations_by_batch
+WHERE (?1 IS NULL OR (idempotency_key >= ?1 AND idempotency_key < ?2))
+  AND (?3 IS NULL OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient = ?3))
+  AND batch_id = ?4
+  AND (?5 IS NULL OR campaign_id = ?5)
+  AND (?6 IS NULL OR state = ?6)
+  AND (?7 IS NULL OR created_at >= ?7)
+  AND created_at <= ?8 AND (created_at < ?8 OR rowid < ?9) AND ?10 IS NOT NULL
+ORDER BY created_at DESC, rowid DESC LIMIT ?11
+
+-- name: search_by_campaign
+SELECT {columns} FROM operations INDEXED BY operations_by_campaign
+WHERE (?1 IS NULL OR (idempotency_key >= ?1 AND idempotency_key < ?2))
+  AND (?3 IS NULL OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient = ?3))
+  AND (?4 IS NULL OR batch_id = ?4)
+  AND campaign_id = ?5
+  AND (?6 IS NULL OR state = ?6)
+  AND (?7 IS NULL OR created_at >= ?7)
+  AND created_at <= ?8 AND (created_at < ?8 OR rowid < ?9) AND ?10 IS NOT NULL
+ORDER BY created_at DESC, rowid DESC LIMIT ?11
+
+-- name: search_by_state
+SELECT {columns} FROM operations INDEXED BY operations_by_state_created
+WHERE (?1 IS NULL OR (idempotency_key >= ?1 AND idempotency_key < ?2))
+  AND (?3 IS NULL OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient = ?3))
+  AND (?4 IS NULL OR batch_id = ?4)
+  AND (?5 IS NULL OR campaign_id = ?5)
+  AND state = ?6
+  AND (?7 IS NULL OR created_at >= ?7)
+  AND created_at <= ?8 AND (created_at < ?8 OR rowid < ?9) AND ?10 IS NOT NULL
+ORDER BY created_at DESC, rowid DESC LIMIT ?11
+
+-- name: search_all
+SELECT {columns} FROM operations INDEXED BY operations_by_created
+WHERE (?1 IS NULL OR (idempotency_key >= ?1 AND idempotency_key < ?2))
+  AND (?3 IS NULL OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient = ?3))
+  AND (?4 IS NULL OR batch_id = ?4)
+  AND (?5 IS NULL OR campaign_id = ?5)
+  AND (?6 IS NULL OR state = ?6)
+  AND (?7 IS NULL OR created_at >= ?7)
+  AND created_at <= ?8 AND (created_at < ?8 OR rowid < ?9) AND ?10 IS NOT NULL
+ORDER BY created_at DESC, rowid DESC LIMIT ?11
+
+-- name: unsent_in_batch
+SELECT id, state FROM operations WHERE batch_id = ?1 AND state IN {cancellable} ORDER BY created_at, rowid
+
+-- name: search_suppressions
+-- ?1 ?2 a recipient prefix's range, ?3 ?4 after this (recipient, channel), ?5 how many.
+SELECT recipient, channel, reason, source, created_at FROM suppressions
+WHERE recipient >= ?1 AND recipient < ?2 AND (recipient, channel) > (?3, ?4)
+ORDER BY recipient, channel LIMIT ?5
+
+-- name: opt_out_cancelled
+-- ?1 the recipient, ?2 ?3 ?4 its sub-addresses (range and LIKE pattern), ?5 how an opt-out's cancel reads (LIKE),
+-- ?6 the opt-out's channel, ?7 how many.
+SELECT {columns} FROM operations
+WHERE id IN (
+    SELECT operation_id FROM operation_recipients WHERE recipient = ?1
+    UNION
+    SELECT operation_id FROM operation_recipients WHERE recipient >= ?2 AND recipient < ?3 AND recipient LIKE ?4 ESCAPE '\')
+  AND state = 'cancelled' AND NOT may_have_left AND cancel_reason LIKE ?5 AND (?6 = 'all' OR channel = ?6)
+ORDER BY updated_at DESC LIMIT ?7
+
+-- name: remember_tool_definition
+INSERT INTO upstream_tool_definitions (fingerprint, definition) VALUES (?1, ?2) ON CONFLICT DO NOTHING
+
+-- name: tool_definitions
+SELECT fingerprint, definition FROM upstream_tool_definitions WHERE fingerprint IN (SELECT value FROM json_each(?1))
