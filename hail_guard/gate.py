@@ -259,3 +259,13 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def browser_refusal(headers: Headers, hosts: tuple[str, ...], origins: tuple[str, ...]) -> str | None:
+    """Why a request's Host or Origin is refused (DNS rebinding, another site's page), else None: the MCP
+    routes' check, for routes that are not behind the gate (the operator console)."""
+    if not _host_allowed(headers.get("host"), hosts):
+        return "this Host is not allowed; add it to [http] allowed_hosts"
+    if not _origin_allowed(headers.get("origin"), origins):
+        return "this Origin is not allowed; add it to [http] allowed_origins"
+    return None

@@ -150,9 +150,11 @@ class Proxy:
         """Compare each tool with what was accepted; the ledger is written only when something moved."""
         if not self.record_tools:
             return
-        fingerprints = {name: tool_fingerprint(tool) for name, tool in tools.items()}
+        definitions = {name: tool_definition(tool) for name, tool in tools.items()}
+        fingerprints = {name: keys.fingerprint(text) for name, text in definitions.items()}
         if fingerprints == self._fingerprints:
             return
+        await self.ledger.remember_tool_definitions({fingerprints[name]: definitions[name] for name in tools})
         pins = await self.ledger.observe_tools(fingerprints)
         self._fingerprints = fingerprints
         self.changed = {pin.name for pin in pins if pin.changed and pin.name in fingerprints}
@@ -238,15 +240,15 @@ def _send_result(report: SendReport) -> types.CallToolResult:
     return views.error_result(said, {"hail_guard": guard_view})
 
 
-def tool_fingerprint(tool: types.Tool) -> str:
-    """What pinning compares: name, description and schemas."""
+def tool_definition(tool: types.Tool) -> str:
+    """What pinning compares, as canonical JSON: name, description and schemas (kept, to show a change)."""
     shape = {
         "name": tool.name,
         "description": tool.description,
         "input_schema": tool.input_schema,
         "output_schema": tool.output_schema,
     }
-    return keys.fingerprint(keys.canonical_json(shape))
+    return keys.canonical_json(shape)
 
 
 def build_server(proxy: Proxy) -> Server[Any]:

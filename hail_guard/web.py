@@ -45,7 +45,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hail_guard import webhooks
 from hail_guard.app import credentials_warning, open_proxy, tracking
-from hail_guard.config import HttpSettings, Settings, WebhookSettings
+from hail_guard.config import ConsoleSettings, HttpSettings, Settings, WebhookSettings
+from hail_guard.console.app import console_routes
 from hail_guard.errors import ConfigError, HailGuardError, WebhookRefused
 from hail_guard.gate import BodyRefused, Gate, is_loopback, read_body
 from hail_guard.listener import listening, serve_app
@@ -69,9 +70,11 @@ def build_http_app(
     metrics: Metrics | None = None,
     hooks: WebhookSettings | None = None,
     warnings: Sequence[str] = (),
+    console: ConsoleSettings | None = None,
 ) -> Starlette:
     """The ASGI app; `metrics` is the one `proxy` reports to (see `open_proxy`), else a fresh one.
-    `warnings` (a missing Hail token) are shown by `/readyz`; they do not make it fail."""
+    `warnings` (a missing Hail token) are shown by `/readyz`; they do not make it fail. The operator
+    console is mounted at `/console` (`hail_guard.console`), with its own sign-in and checks."""
     metrics = metrics or Metrics()
     hooks = hooks or WebhookSettings()
     server = build_server(proxy)
@@ -123,6 +126,7 @@ def build_http_app(
         Route(MCP_PATH, StreamableHTTPASGIApp(manager)),
         Route(SSE_PATH, _Asgi(sse_session), methods=["GET"]),
         Mount(MESSAGES_PATH, app=sse.handle_post_message),
+        console_routes(proxy, console or ConsoleSettings(), settings),
     ]
     if settings.bearer_token() is None:
         log.warning("http_auth_disabled", message="MCP requests are not authenticated: set a token (loopback only)")
@@ -225,7 +229,9 @@ async def serve_http(
         async with open_proxy(settings, metrics=metrics) as proxy, tracking(settings, proxy):
             warning = await anyio.to_thread.run_sync(credentials_warning, settings)
             warnings = [warning] if warning is not None else []
-            app = build_http_app(proxy, http, metrics=metrics, hooks=settings.webhooks, warnings=warnings)
+            app = build_http_app(
+                proxy, http, metrics=metrics, hooks=settings.webhooks, warnings=warnings, console=settings.console
+            )
             await serve_app(app, sock, settings=http, task_status=task_status)
 
 

@@ -87,6 +87,11 @@ def parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 
         sandbox.add_arguments(fake)
     signin.add_commands(commands)
+    console = commands.add("console", help="the operator console in a browser, alone on 127.0.0.1")
+    if "console" in argv:  # its web stack loads only for it
+        from hail_guard.console import command as console_command
+
+        console_command.add_arguments(console)
     operations.add_commands(commands)
     batches.add_commands(commands)
     clients.add_commands(commands)

@@ -1,0 +1,183 @@
+"""The console's decisions (POST): sign-in and out, review resolve and resend, batch approve and cancel,
+opt-outs, accepting changed upstream tools.
+
+Each goes through the same function the CLI and the agent's tools use (`Ledger.resolve_review`,
+`review.resend`, `Ledger.approve_batch`, `Ledger.add_suppression` with `normalise_recipient` at the
+edge, `Ledger.accept_tools`...), recorded as decided by the signed-in operator's name. Every form
+carries the session's CSRF token: without it, or without a session, nothing happens (403 / 401).
+An action answers with a redirect to the page it came from, which shows what it did (or why not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlencode
+
+import structlog
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from hail_guard import review
+from hail_guard.console.auth import LOGIN_COOKIE, SESSION_COOKIE, Session, operator_name, same_token
+from hail_guard.console.context import Console, console_of
+from hail_guard.console.pages import signed_in_response
+from hail_guard.errors import HailGuardError
+from hail_guard.models import SUPPRESSION_CHANNELS, State, Suppression
+from hail_guard.recipients import normalise_recipient
+
+log = structlog.get_logger(__name__)
+
+Action = Callable[[Console, Session, FormData, Request], Awaitable[str]]
+"""Does the decision and notes what happened in the session; returns the page to go back to."""
+
+
+def operator_action(action: Action) -> Callable[[Request], Awaitable[Response]]:
+    async def handle(request: Request) -> Response:
+        console = console_of(request)
+        session = console.signed_in(request)
+        if session is None:
+            return _refused(console, request, 401, "sign in first: nothing was done")
+        form = await request.form()
+        if not same_token(str(form.get("csrf", "")), session.csrf):
+            return _refused(console, request, 403, "this form has no valid CSRF token: nothing was done")
+        back = f"{console.base}/"
+        try:
+            back = await action(console, session, form, request)
+        except HailGuardError as exc:
+            session.notice("error", str(exc))
+        return RedirectResponse(back, status_code=303)
+
+    return handle
+
+
+def _refused(console: Console, request: Request, status: int, message: str) -> Response:
+    response = console.render(request, "refused.html", None, message=message)
+    response.status_code = status
+    return response
+
+
+def _text(form: FormData, name: str) -> str:
+    value = form.get(name, "")
+    return value.strip() if isinstance(value, str) else ""
+
+
+async def sign_in(request: Request) -> Response:
+    console = console_of(request)
+    client = request.client.host if request.client else "unknown"
+    if console.operators.limiter.take(f"sign-in {client}"):
+        return _refused(console, request, 429, "too many sign-in attempts from this address; wait a minute")
+    form = await request.form()
+    if not same_token(_text(form, "csrf"), request.cookies.get(LOGIN_COOKIE, "")):
+        return _refused(console, request, 403, "the sign-in form has expired or came from elsewhere; load it again")
+    name = operator_name(_text(form, "name"))
+    if not console.operators.token_accepted(_text(form, "token")):
+        return _refused(console, request, 401, "that is not the operators' token (an agent's token never signs in)")
+    if name is None:
+        return _refused(console, request, 400, "give your name (1 to 64 printable characters): decisions carry it")
+    return signed_in_response(console, request, name)
+
+
+async def sign_out(request: Request) -> Response:
+    console = console_of(request)
+    session = console.signed_in(request)
+    form = await request.form()
+    if session is not None and same_token(_text(form, "csrf"), session.csrf):
+        console.operators.end(request.cookies.get(SESSION_COOKIE))
+    response = RedirectResponse(f"{console.base}/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path=console.base)
+    return response
+
+
+@operator_action
+async def resolve(console: Console, session: Session, form: FormData, request: Request) -> str:
+    operation_id = request.path_params["operation_id"]
+    chosen = _text(form, "state")
+    if chosen not in {state.value for state in State}:
+        session.notice("error", "choose what became of it: accepted, failed or cancelled; nothing changed")
+        return f"{console.base}/review"
+    resolved = await console.proxy.ledger.resolve_review(
+        operation_id,
+        state=State(chosen),
+        reason=_text(form, "reason"),
+        actor=session.name,
+        provider_id=_text(form, "provider_id") or None,
+    )
+    session.notice("done", f"{resolved.id} resolved as {resolved.state.value} by {session.name}")
+    return f"{console.base}/review"
+
+
+@operator_action
+async def resend(console: Console, session: Session, form: FormData, request: Request) -> str:
+    operation_id = request.path_params["operation_id"]
+    if _text(form, "confirm") != "yes":
+        session.notice("error", "a resend must be confirmed: tick the box that names who gets it; nothing was sent")
+        return f"{console.base}/review/{operation_id}/resend"
+    resent = await review.resend(console.proxy.guard, operation_id, reason=_text(form, "reason"), actor=session.name)
+    session.notice("done", f"{operation_id} resent as {resent.id} (key {resent.idempotency_key}): {resent.state.value}")
+    return f"{console.base}/operations/{resent.id}"
+
+
+@operator_action
+async def approve(console: Console, session: Session, form: FormData, request: Request) -> str:
+    batch_id = request.path_params["batch_id"]
+    approved = await console.proxy.ledger.approve_batch(batch_id, actor=session.name)
+    session.notice("done", f"approved {approved} planned send(s) of {batch_id}")
+    return f"{console.base}/campaigns/{batch_id}"
+
+
+@operator_action
+async def cancel_unsent(console: Console, session: Session, form: FormData, request: Request) -> str:
+    batch_id = request.path_params["batch_id"]
+    cancelled = await console.proxy.ledger.cancel_batch(batch_id, reason=_text(form, "reason"), actor=session.name)
+    session.notice("done", f"cancelled {len(cancelled)} unsent send(s) of {batch_id}")
+    return f"{console.base}/campaigns/{batch_id}"
+
+
+@operator_action
+async def add_opt_out(console: Console, session: Session, form: FormData, request: Request) -> str:
+    channel = _text(form, "channel") if _text(form, "channel") in SUPPRESSION_CHANNELS else "all"
+    shown = normalise_recipient(_text(form, "recipient"), channel)  # refuses what is no address or number
+    reason = _text(form, "reason")
+    if not reason:
+        session.notice("error", "an opt-out needs a reason; nothing was recorded")
+        return f"{console.base}/opt-outs"
+    opt_out = Suppression(recipient=shown, channel=channel, reason=reason, source=f"console {session.name}")
+    cancelled = await console.proxy.ledger.add_suppression(opt_out, actor=session.name)
+    session.notice("done", f"suppressed {shown} on {channel}; cancelled {len(cancelled)} send(s)")
+    return f"{console.base}/opt-outs?{urlencode({'q': shown})}"
+
+
+@operator_action
+async def remove_opt_out(console: Console, session: Session, form: FormData, request: Request) -> str:
+    recipient, channel = _text(form, "recipient"), _text(form, "channel")
+    if not _text(form, "reason"):
+        session.notice("error", "taking an opt-out back needs a reason (the recipient asked?); nothing changed")
+    elif await console.proxy.ledger.remove_suppression(recipient, channel):
+        log.info("opt_out_removed", recipient=recipient, channel=channel, by=session.name, reason=_text(form, "reason"))
+        session.notice("done", f"removed the opt-out of {recipient} on {channel} ({_text(form, 'reason')})")
+    else:
+        session.notice("error", f"{recipient} has no opt-out on {channel}")
+    return f"{console.base}/opt-outs"
+
+
+@operator_action
+async def accept_tools(console: Console, session: Session, form: FormData, request: Request) -> str:
+    names = [str(name) for name in form.getlist("tool")]
+    accepted = await console.proxy.ledger.accept_tools(names or None)
+    session.notice("done", f"accepted {len(accepted)} changed tool(s): {', '.join(accepted) or 'none'}")
+    return f"{console.base}/tools"
+
+
+ROUTES = [
+    Route("/login", sign_in, methods=["POST"]),
+    Route("/logout", sign_out, methods=["POST"]),
+    Route("/review/{operation_id}/resolve", resolve, methods=["POST"]),
+    Route("/review/{operation_id}/resend", resend, methods=["POST"]),
+    Route("/campaigns/{batch_id}/approve", approve, methods=["POST"]),
+    Route("/campaigns/{batch_id}/cancel", cancel_unsent, methods=["POST"]),
+    Route("/opt-outs", add_opt_out, methods=["POST"]),
+    Route("/opt-outs/remove", remove_opt_out, methods=["POST"]),
+    Route("/tools/accept", accept_tools, methods=["POST"]),
+]
