@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import httpx2
@@ -20,12 +21,23 @@ from hail_guard.config import ConsoleSettings, HttpSettings
 from hail_guard.console.app import console_routes
 from hail_guard.console.context import Console
 from hail_guard.listener import listening, serve_app
-from tests.conftest import Harness
+from hail_guard.models import Operation, Outcome, State
+from tests.conftest import Harness, email
 
 OPERATOR_TOKEN = "operator-token-0123456789abcdef0123"
 AGENT_TOKEN = "agent-token-0123456789abcdef0123456"
 OPERATOR_ENV = "HAIL_GUARD_TEST_OPERATOR_TOKEN"
 BASE = "http://127.0.0.1"
+
+
+async def in_review(harness: Harness, **changes: Any) -> Operation:
+    """A send whose outcome stayed unclear (Hail never got it: the sandbox has nothing)."""
+    schema = dict(harness.proxy.tools["send_email"].input_schema)
+    metadata = {"campaign_id": "c1", "lead_id": "l9", "message_id": "review"}
+    intent, _ = harness.proxy.guard.prepare("send_email", email(**{"metadata": metadata, **changes}), schema)
+    begin = await harness.ledger.begin_send(intent, owner="w1", lease_seconds=60)
+    unclear = Outcome(state=State.NEEDS_REVIEW, reason="replays stayed unclear", review_reason="replays stayed unclear")
+    return await harness.ledger.record_outcome(begin.operation.id, owner="w1", outcome=unclear, actor="w1")
 
 
 def console_site(harness: Harness, **console: object) -> Starlette:

@@ -7,19 +7,25 @@ person clicks through are in tests/test_console_browser.py.
 from __future__ import annotations
 
 import csv
+import getpass
 import io
 import json
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
 
+import anyio
+import httpx2
 import pytest
 from mcp import types
 
 from hail_guard.config import ConsoleSettings, HttpSettings
 from hail_guard.console.auth import Operators
 from hail_guard.errors import ConfigError
-from hail_guard.models import Operation, Outcome, State, Suppression
-from tests.conftest import Harness, email, open_harness
+from hail_guard.models import State, Suppression
+from tests.conftest import email, open_harness
 from tests.console_site import (
     AGENT_TOKEN,
     OPERATOR_ENV,
@@ -28,6 +34,7 @@ from tests.console_site import (
     console_site,
     console_state,
     hidden_csrf,
+    in_review,
     signed_in,
 )
 
@@ -37,16 +44,6 @@ HOSTILE = "<script>alert(1)</script>"
 @pytest.fixture(autouse=True)
 def _operator_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(OPERATOR_ENV, OPERATOR_TOKEN)
-
-
-async def in_review(harness: Harness, **changes: Any) -> Operation:
-    """A send whose outcome stayed unclear (Hail never got it: the sandbox has nothing)."""
-    schema = dict(harness.proxy.tools["send_email"].input_schema)
-    metadata = {"campaign_id": "c1", "lead_id": "l9", "message_id": "review"}
-    intent, _ = harness.proxy.guard.prepare("send_email", email(**{"metadata": metadata, **changes}), schema)
-    begin = await harness.ledger.begin_send(intent, owner="w1", lease_seconds=60)
-    unclear = Outcome(state=State.NEEDS_REVIEW, reason="replays stayed unclear", review_reason="replays stayed unclear")
-    return await harness.ledger.record_outcome(begin.operation.id, owner="w1", outcome=unclear, actor="w1")
 
 
 async def test_signing_in_sets_a_strict_http_only_session_cookie_and_names_the_operator(tmp_path: Path) -> None:
@@ -315,3 +312,43 @@ async def test_a_changed_upstream_tool_is_shown_as_a_diff_until_accepted(tmp_pat
         assert HOSTILE not in page
         await client.post("/console/tools/accept", data={"csrf": csrf, "tool": "send_email"})
         assert not any(pin.changed for pin in await harness.ledger.tool_pins())
+
+
+async def test_every_page_renders_on_a_postgresql_ledger(tmp_path: Path, postgres_url: str) -> None:
+    async with open_harness(tmp_path, ledger_url=postgres_url) as harness, console_client(console_site(harness)) as c:
+        await harness.call("send_email", email())
+        op = await in_review(harness, subject=HOSTILE)
+        await signed_in(c)
+        for path in ("/", "/review", "/campaigns", "/operations?recipient=LEAD@example.com", f"/operations/{op.id}"):
+            page = await c.get(f"/console{path}")
+            assert page.status_code == 200, path
+            assert HOSTILE not in page.text
+        assert "c1:l1:email:intro" in (await c.get("/console/operations?key=c1:")).text
+        for path in ("/opt-outs", "/tools", "/operations/export.csv"):
+            assert (await c.get(f"/console{path}")).status_code == 200, path
+
+
+async def test_the_console_command_serves_alone_on_loopback_and_prints_a_one_time_link(tmp_path: Path) -> None:
+    config = tmp_path / "hail-guard.toml"
+    config.write_text(f'[ledger]\nurl = "sqlite:///{tmp_path / "ledger.db"}"\n[log]\nlevel = "warning"\n')
+    command = [sys.executable, "-m", "hail_guard", "--config", str(config), "console", "--port", "0"]
+    process = await anyio.open_process(command, stderr=subprocess.PIPE)
+    try:
+        printed = ""
+        assert process.stderr is not None
+        with anyio.fail_after(30):
+            async for chunk in process.stderr:
+                printed += chunk.decode()
+                if found := re.search(r"http://127\.0\.0\.1:\d+/console/login\?once=\S+", printed):
+                    break
+        link = found.group(0)
+        async with httpx2.AsyncClient() as browser:
+            signed = await browser.get(link)
+            assert (signed.status_code, signed.headers["location"]) == (303, "/console/")
+            overview = await browser.get(link.split("/console/")[0] + "/console/")
+            assert f"signed in as <strong>{getpass.getuser()}</strong>" in overview.text
+            assert (await browser.get(link)).status_code == 401  # once only
+    finally:
+        process.send_signal(signal.SIGINT)
+        with anyio.fail_after(30):
+            assert await process.wait() == 0

@@ -33,7 +33,7 @@ _HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # "no-referrer" would make a form post's Origin "null"
     "Cross-Origin-Opener-Policy": "same-origin",
 }
 
