@@ -22,12 +22,12 @@ import anyio
 import anyio.to_thread
 from rich.console import Console
 
-from bench import drain, growth, limits, memory, overhead, startup
+from bench import console, drain, growth, limits, memory, overhead, startup
 from bench.figures import Figure, Report, skipped
 from bench.ledgers import KINDS, SQLITE_SETTINGS, Ledgers, scratch_folder
 from bench.workload import quiet_logs
 
-CASES = ("limits", "overhead", "drain", "growth", "startup", "memory")
+CASES = ("limits", "overhead", "drain", "growth", "startup", "memory", "console")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ class Sizes:
     memory_sends: int
     memory_concurrency: int
     limits_sends: int
+    console_operations: int
+    console_views: int
 
 
 FULL = Sizes(
@@ -60,6 +62,8 @@ FULL = Sizes(
     memory_sends=100_000,
     memory_concurrency=32,
     limits_sends=5_000,
+    console_operations=1_000_000,
+    console_views=20,
 )
 QUICK = Sizes(
     overhead_iterations={0: 60, 20: 20},
@@ -74,6 +78,8 @@ QUICK = Sizes(
     memory_sends=200,
     memory_concurrency=32,
     limits_sends=500,
+    console_operations=10_000,
+    console_views=3,
 )
 
 
@@ -220,6 +226,19 @@ def _memory(run: _Run) -> None:
     run.report.figures.extend(found)
 
 
+def _console(run: _Run) -> None:
+    sizes = run.options.sizes
+    for kind in run.usable("console", "pages"):
+
+        async def case(kind: str = kind) -> console.Rendered:
+            async with run.ledgers.fresh(kind) as url:
+                return await console.measure(url, sizes.console_operations, sizes.console_views)
+
+        rows = sizes.console_operations
+        rendered = run.step(f"console, {kind}, {rows:,} operations", lambda case=case: anyio.run(case))
+        run.report.figures.extend(console.figures(kind, rendered))
+
+
 _RUNNERS: dict[str, Callable[[_Run], None]] = {
     "limits": _limits,
     "overhead": _overhead,
@@ -227,6 +246,7 @@ _RUNNERS: dict[str, Callable[[_Run], None]] = {
     "growth": _growth,
     "startup": _startup,
     "memory": _memory,
+    "console": _console,
 }
 
 
