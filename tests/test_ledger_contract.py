@@ -779,6 +779,16 @@ async def test_an_hour_of_sends_counts_what_left_in_it_by_state_and_delivery(led
     assert counted.states == {State.ACCEPTED: 1, State.SENDING: 1}
     assert counted.deliveries == {DeliveryState.BOUNCED: 1}
     assert (await ledger.hour_of_sends(hour - timedelta(hours=1))).sent == 0
+    assert await ledger.count_sent(hour, hour + timedelta(hours=1)) == 2
+    assert await ledger.count_sent(hour - timedelta(hours=2), hour) == 0
+
+
+async def test_counts_of_the_states_asked_for(ledger: Ledger) -> None:
+    await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(3), state=State.READY, actor="op")
+    await in_review(ledger, "k-review")
+    wanted = [State.READY, State.NEEDS_REVIEW, State.UNKNOWN]
+    assert await ledger.count_states(wanted) == {State.READY: 3, State.NEEDS_REVIEW: 1}
+    assert await ledger.count_states([]) == {}
 
 
 async def test_a_search_combines_filters_and_pages_newest_first_or_by_key(ledger: Ledger) -> None:

@@ -30,26 +30,37 @@ from hail_guard.recipients import normalise_recipient
 log = structlog.get_logger(__name__)
 
 Action = Callable[[Console, Session, FormData, Request], Awaitable[str]]
-"""Does the decision and notes what happened in the session; returns the page to go back to."""
+"""Does the decision and notes what happened in the session; returns the page to go to next."""
 
 
-def operator_action(action: Action) -> Callable[[Request], Awaitable[Response]]:
-    async def handle(request: Request) -> Response:
-        console = console_of(request)
-        session = console.signed_in(request)
-        if session is None:
-            return _refused(console, request, 401, "sign in first: nothing was done")
-        form = await request.form()
-        if not same_token(str(form.get("csrf", "")), session.csrf):
-            return _refused(console, request, 403, "this form has no valid CSRF token: nothing was done")
-        back = f"{console.base}/"
-        try:
-            back = await action(console, session, form, request)
-        except HailGuardError as exc:
-            session.notice("error", str(exc))
-        return RedirectResponse(back, status_code=303)
+def operator_action(back: str) -> Callable[[Action], Callable[[Request], Awaitable[Response]]]:
+    """An operator's decision; a refusal of ours is noted and the browser goes `back` (a path in the console,
+    `{name}` filled from the route) to read it."""
 
-    return handle
+    def decorate(action: Action) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(request: Request) -> Response:
+            return await _decide(request, action, back.format(**request.path_params))
+
+        return handle
+
+    return decorate
+
+
+async def _decide(request: Request, action: Action, back: str) -> Response:
+    """Signed in, with the form's CSRF token, or nothing happens; then the action, its refusal noted."""
+    console = console_of(request)
+    session = console.signed_in(request)
+    if session is None:
+        return _refused(console, request, 401, "sign in first: nothing was done")
+    form = await request.form()
+    if not same_token(str(form.get("csrf", "")), session.csrf):
+        return _refused(console, request, 403, "this form has no valid CSRF token: nothing was done")
+    following = f"{console.base}{back}"
+    try:
+        following = await action(console, session, form, request)
+    except HailGuardError as exc:
+        session.notice("error", str(exc))
+    return RedirectResponse(following, status_code=303)
 
 
 def _refused(console: Console, request: Request, status: int, message: str) -> Response:
@@ -90,7 +101,7 @@ async def sign_out(request: Request) -> Response:
     return response
 
 
-@operator_action
+@operator_action(back="/review")
 async def resolve(console: Console, session: Session, form: FormData, request: Request) -> str:
     operation_id = request.path_params["operation_id"]
     chosen = _text(form, "state")
@@ -108,7 +119,7 @@ async def resolve(console: Console, session: Session, form: FormData, request: R
     return f"{console.base}/review"
 
 
-@operator_action
+@operator_action(back="/review")
 async def resend(console: Console, session: Session, form: FormData, request: Request) -> str:
     operation_id = request.path_params["operation_id"]
     if _text(form, "confirm") != "yes":
@@ -119,7 +130,7 @@ async def resend(console: Console, session: Session, form: FormData, request: Re
     return f"{console.base}/operations/{resent.id}"
 
 
-@operator_action
+@operator_action(back="/campaigns/{batch_id}")
 async def approve(console: Console, session: Session, form: FormData, request: Request) -> str:
     batch_id = request.path_params["batch_id"]
     approved = await console.proxy.ledger.approve_batch(batch_id, actor=session.name)
@@ -127,7 +138,7 @@ async def approve(console: Console, session: Session, form: FormData, request: R
     return f"{console.base}/campaigns/{batch_id}"
 
 
-@operator_action
+@operator_action(back="/campaigns/{batch_id}")
 async def cancel_unsent(console: Console, session: Session, form: FormData, request: Request) -> str:
     batch_id = request.path_params["batch_id"]
     cancelled = await console.proxy.ledger.cancel_batch(batch_id, reason=_text(form, "reason"), actor=session.name)
@@ -135,7 +146,7 @@ async def cancel_unsent(console: Console, session: Session, form: FormData, requ
     return f"{console.base}/campaigns/{batch_id}"
 
 
-@operator_action
+@operator_action(back="/opt-outs")
 async def add_opt_out(console: Console, session: Session, form: FormData, request: Request) -> str:
     channel = _text(form, "channel") if _text(form, "channel") in SUPPRESSION_CHANNELS else "all"
     shown = normalise_recipient(_text(form, "recipient"), channel)  # refuses what is no address or number
@@ -149,7 +160,7 @@ async def add_opt_out(console: Console, session: Session, form: FormData, reques
     return f"{console.base}/opt-outs?{urlencode({'q': shown})}"
 
 
-@operator_action
+@operator_action(back="/opt-outs")
 async def remove_opt_out(console: Console, session: Session, form: FormData, request: Request) -> str:
     recipient, channel = _text(form, "recipient"), _text(form, "channel")
     if not _text(form, "reason"):
@@ -162,7 +173,7 @@ async def remove_opt_out(console: Console, session: Session, form: FormData, req
     return f"{console.base}/opt-outs"
 
 
-@operator_action
+@operator_action(back="/tools")
 async def accept_tools(console: Console, session: Session, form: FormData, request: Request) -> str:
     names = [str(name) for name in form.getlist("tool")]
     accepted = await console.proxy.ledger.accept_tools(names or None)

@@ -102,7 +102,6 @@ async def overview(request: Request, console: Console, session: Session) -> Resp
         session,
         day_chart=chart.bars(data["day"]),
         week_chart=chart.bars(data["week"]),
-        states=list(State),
         **data,
     )
 

@@ -24,7 +24,11 @@ from hail_guard.views import operation_view
 __all__ = ["operation_view"]
 
 KEEP_HOURS_SECONDS = 600.0
-"""How long the count of an hour that ended is kept before it is read again (delivery moves on)."""
+"""How long the detail of an hour of the last day that ended is kept before it is read again (delivery moves on)."""
+REFRESHED_PER_VIEW = 3
+"""Hours of the last day read again at most per view, the longest kept first: a view never waits for them all."""
+LIVE_STATES = (State.PLANNED, State.READY, State.SENDING, State.UNKNOWN, State.NEEDS_REVIEW)
+"""Counted exactly on every view (`Ledger.count_states`): what waits for someone."""
 SUMMARY_FIELDS = ("subject", "body_text", "body", "first_message", "from_", "cc", "bcc")
 """What a request summary shows of the stored request (never a secret the upstream needs, such as an LLM key)."""
 SUMMARY_CHARACTERS = 300
@@ -38,26 +42,44 @@ OUTCOMES = (
 
 
 class SendHistory:
-    """Sends per hour, an hour at a time from the ledger; ended hours kept a while (see the module docstring)."""
+    """Sends per hour over the last week, and the last day's in detail (states, deliveries).
+
+    An hour older than a day is counted once (`Ledger.count_sent`) and kept: when a send first left never
+    changes. An hour of the last day is read in detail (`Ledger.hour_of_sends`); the current one on every
+    view, the ones that ended again after `KEEP_HOURS_SECONDS`, at most `REFRESHED_PER_VIEW` a view.
+    """
 
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
-        self._kept: dict[datetime, tuple[HourOfSends, float]] = {}
+        self._sent: dict[datetime, int] = {}
+        self._detail: dict[datetime, tuple[HourOfSends, float]] = {}
 
-    async def hours(self, now: datetime, count: int) -> list[HourOfSends]:
-        """The last `count` hours up to `now`'s, oldest first."""
+    async def week(self, now: datetime) -> tuple[list[tuple[datetime, int]], list[HourOfSends]]:
+        """(each hour of the last week with its sends, oldest first; the last 24 hours in detail)."""
         current = now.replace(minute=0, second=0, microsecond=0)
-        found = []
-        for back in range(count - 1, -1, -1):
-            start = current - timedelta(hours=back)
-            kept = self._kept.get(start)
-            if kept is None or start == current or kept[1] < time.monotonic() - KEEP_HOURS_SECONDS:
-                kept = (await self._ledger.hour_of_sends(start), time.monotonic())
-                self._kept[start] = kept
-            found.append(kept[0])
-        oldest = current - timedelta(hours=count)
-        self._kept = {start: value for start, value in self._kept.items() if start > oldest}
-        return found
+        starts = [current - timedelta(hours=back) for back in range(7 * 24 - 1, -1, -1)]
+        day = [await self._hour(start, current) for start in starts[-24:]]
+        await self._refresh(starts[-24:], current)
+        for start in starts[:-24]:
+            if start not in self._sent:
+                self._sent[start] = await self._ledger.count_sent(start, start + timedelta(hours=1))
+        self._sent = {start: sent for start, sent in self._sent.items() if start >= starts[0]}
+        self._detail = {start: kept for start, kept in self._detail.items() if start >= starts[-24]}
+        week = [(start, self._sent[start]) for start in starts[:-24]] + [(hour.start, hour.sent) for hour in day]
+        return week, day
+
+    async def _hour(self, start: datetime, current: datetime) -> HourOfSends:
+        kept = self._detail.get(start)
+        if kept is None or start == current:
+            kept = (await self._ledger.hour_of_sends(start), time.monotonic())
+            self._detail[start] = kept
+        return kept[0]
+
+    async def _refresh(self, starts: list[datetime], current: datetime) -> None:
+        """Read again the few hours of the last day kept longest, past `KEEP_HOURS_SECONDS` (for the next view)."""
+        stale = [s for s in starts if s != current and self._detail[s][1] < time.monotonic() - KEEP_HOURS_SECONDS]
+        for start in sorted(stale, key=lambda s: self._detail[s][1])[:REFRESHED_PER_VIEW]:
+            self._detail[start] = (await self._ledger.hour_of_sends(start), time.monotonic())
 
 
 @dataclass(frozen=True)
@@ -81,16 +103,20 @@ async def overview(proxy: Proxy, history: SendHistory) -> dict[str, Any]:
     ledger = proxy.ledger
     await ledger.expire_leases()  # what the operator sees is what is true now
     now = await ledger.now()
-    week = await history.hours(now, 7 * 24)
-    accepted, delivery = outcomes(week[-24:])
+    week, day = await history.week(now)
+    accepted, delivery = outcomes(day)
     pins = await ledger.tool_pins()
     return {
         "now": now,
-        "counts": await ledger.count_by_state(),
+        "live": LIVE_STATES,
+        "counts": await ledger.count_states(LIVE_STATES),
+        "settled_day": {
+            state: sum(hour.states.get(state, 0) for hour in day) for state in (State.ACCEPTED, State.FAILED)
+        },
         "oldest_unknown": await ledger.oldest(State.UNKNOWN),
         "oldest_review": await ledger.oldest(State.NEEDS_REVIEW),
-        "day": [(hour.start, hour.sent) for hour in week[-24:]],
-        "week": [(hour.start, hour.sent) for hour in week],
+        "day": week[-24:],
+        "week": week,
         "accepted_day": accepted,
         "outcomes": delivery,
         "connected": proxy.upstream.connected,

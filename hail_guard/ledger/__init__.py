@@ -202,6 +202,13 @@ class Ledger(Protocol):
     async def hour_of_sends(self, start: datetime) -> HourOfSends:
         """The operations first sent in the hour from `start`: how many, by state and by delivery state."""
 
+    async def count_sent(self, start: datetime, end: datetime) -> int:
+        """How many operations were first sent in [start, end), counted from an index alone."""
+
+    async def count_states(self, states: Sequence[State]) -> dict[State, int]:
+        """How many operations are in each of these states (those with none left out): one index range each,
+        so the states that hold few (the unresolved ones) are counted at once whatever the ledger's size."""
+
     async def search_operations(
         self,
         *,
