@@ -24,7 +24,6 @@ from bench.figures import Figure, median, ms, percentile
 from bench.growth import Shape, fill
 from hail_guard.config import ConsoleSettings, HttpSettings
 from hail_guard.console.app import console_routes
-from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.models import Outcome, State
 from hail_guard.sandbox import Sandbox
@@ -60,7 +59,7 @@ async def measure(url: str, rows: int, views: int) -> Rendered:
         connect_upstream(target, timeout_seconds=10, heartbeat_seconds=None) as upstream,
     ):
         await _put_in_review(ledger, IN_REVIEW)
-        proxy = Proxy(Guard(ledger, upstream, GuardSettings()), upstream)
+        proxy = Proxy(ledger, upstream)
         await proxy.refresh_tools()
         site = Starlette(routes=[console_routes(proxy, ConsoleSettings(token_env=TOKEN_ENV), HttpSettings())])
         transport = httpx2.ASGITransport(app=site)

@@ -352,3 +352,24 @@ async def test_the_console_command_serves_alone_on_loopback_and_prints_a_one_tim
         process.send_signal(signal.SIGINT)
         with anyio.fail_after(30):
             assert await process.wait() == 0
+
+
+async def test_a_calls_llm_key_is_never_shown_by_any_page_or_export(tmp_path: Path) -> None:
+    llm_key = "sk-live-0123456789-SECRET"
+    call = {"to": "+14155550100", "llm": {"base_url": "https://llm.example/v1", "api_key": llm_key, "model": "m1"}}
+    async with open_harness(tmp_path) as harness, console_client(console_site(harness)) as client:
+        placed = (await harness.call("place_call", {**call, "recipient_consent": True})).structured_content
+        operation_id = placed["hail_guard"]["operation_id"]  # type: ignore[index]
+        await signed_in(client)
+        shown = ""
+        for path in (
+            f"/operations/{operation_id}",
+            "/operations",
+            "/operations/export.jsonl",
+            "/operations/export.csv",
+        ):
+            page = await client.get(f"/console{path}")
+            assert page.status_code == 200, path
+            shown += page.text
+        assert llm_key not in shown
+        assert "[redacted]" in shown

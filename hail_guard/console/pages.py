@@ -264,6 +264,7 @@ async def operation(request: Request, console: Console, session: Session) -> Res
         op=found,
         view=reads.operation_view(found),
         summary=reads.summary(found),
+        stored=json.dumps(reads.request_view(found), indent=2, sort_keys=True, ensure_ascii=False),
         timeline=await reads.timeline(ledger, found),
     )
 
