@@ -299,6 +299,20 @@ async def test_a_search_exports_as_csv_and_json_lines(tmp_path: Path) -> None:
         assert [json.loads(line)["state"] for line in lines] == ["accepted"]
 
 
+@pytest.mark.parametrize(
+    ("query", "said"),
+    [("state=sent", "choose one of planned, ready"), ("since=yesterday", "is not a date: give one such as 2026-12-01")],
+    ids=["a state", "a time"],
+)
+async def test_a_search_by_a_value_that_cannot_be_read_says_what_to_give(tmp_path: Path, query: str, said: str) -> None:
+    async with open_harness(tmp_path) as harness, console_client(console_site(harness)) as client:
+        await signed_in(client)
+        for path in ("/console/operations", "/console/operations/export.csv"):
+            answer = await client.get(f"{path}?{query}")
+            assert answer.status_code == 400, path
+            assert said in answer.text
+
+
 async def test_a_changed_upstream_tool_is_shown_as_a_diff_until_accepted(tmp_path: Path) -> None:
     async with open_harness(tmp_path) as harness, console_client(console_site(harness)) as client:
         tool = harness.proxy.tools["send_email"]

@@ -20,11 +20,11 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from hail_guard import keys, policy
+from hail_guard import keys, policy, views
 from hail_guard.console import chart, reads
 from hail_guard.console.auth import LOGIN_COOKIE, SESSION_COOKIE, Session
 from hail_guard.console.context import Console, console_of
-from hail_guard.errors import HailGuardError, NotFound, UpstreamError
+from hail_guard.errors import BadInput, HailGuardError, NotFound, UpstreamError
 from hail_guard.models import SUPPRESSION_CHANNELS, State
 
 PAGE = 25
@@ -43,12 +43,15 @@ def operator_page(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         try:
             return await handler(request, console, session)
         except HailGuardError as exc:
-            status = 404 if isinstance(exc, NotFound) else 503 if isinstance(exc, UpstreamError) else 409
             response = console.render(request, "refused.html", session, message=str(exc))
-            response.status_code = status
+            response.status_code = next((code for kind, code in _STATUSES if isinstance(exc, kind)), 409)
             return response
 
     return page
+
+
+_STATUSES = ((NotFound, 404), (BadInput, 400), (UpstreamError, 503))
+"""The status of a page that shows one of our errors; any other (a refusal) is 409."""
 
 
 async def sign_in_page(request: Request) -> Response:
@@ -179,27 +182,33 @@ async def _campaign(console: Console, request: Request) -> dict[str, Any]:
 def _filters(request: Request) -> dict[str, Any]:
     """The search form's fields as `Ledger.search_operations` filters (empty fields: not filtered on)."""
     given = {name: (request.query_params.get(name) or "").strip() for name in _FILTERS}
-    state = given["state"] if given["state"] in {s.value for s in State} else ""
-    since = _moment(given["since"])
     return {
         "key_prefix": given["key"] or None,
         "recipient": given["recipient"] or None,
         "campaign_id": given["campaign"] or None,
         "batch_id": given["batch"] or None,
-        "state": State(state) if state else None,
-        "since": since,
+        "state": _state(given["state"]) if given["state"] else None,
+        "since": _moment(given["since"]) if given["since"] else None,
     }
 
 
 _FILTERS = ("key", "recipient", "campaign", "batch", "state", "since")
 
 
-def _moment(text: str) -> datetime | None:
+def _state(text: str) -> State:
     try:
-        moment = datetime.fromisoformat(text) if text else None
+        return State(text)
     except ValueError:
-        return None
-    return moment.replace(tzinfo=UTC) if moment is not None and moment.tzinfo is None else moment
+        raise BadInput(f"no state {text!r}: choose one of {', '.join(s.value for s in State)}") from None
+
+
+def _moment(text: str) -> datetime:
+    """A date or a date and time (UTC unless it names its offset)."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadInput(f"{text!r} is not a date: give one such as 2026-12-01 or 2026-12-01T09:30 (UTC)") from None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
 
 
 @operator_page
@@ -233,8 +242,8 @@ async def export(request: Request, console: Console, session: Session) -> Respon
         after: str | None = None
         first = True
         while page := await ledger.search_operations(**filters, after=after, limit=EXPORT_PAGE):
-            views = [reads.operation_view(op) for op in page]
-            yield _csv(views, header=first) if kind == "csv" else "".join(json.dumps(v) + "\n" for v in views)
+            shown = [views.operation_view(op) for op in page]
+            yield _csv(shown, header=first) if kind == "csv" else "".join(json.dumps(v) + "\n" for v in shown)
             first, after = False, page[-1].id
 
     media = "text/csv" if kind == "csv" else "application/x-ndjson"
@@ -242,12 +251,12 @@ async def export(request: Request, console: Console, session: Session) -> Respon
     return StreamingResponse(rows(), media_type=media, headers=disposition)
 
 
-def _csv(views: list[dict[str, Any]], *, header: bool) -> str:
+def _csv(shown: list[dict[str, Any]], *, header: bool) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(views[0]), extrasaction="ignore")
+    writer = csv.DictWriter(out, fieldnames=list(shown[0]), extrasaction="ignore")
     if header:
         writer.writeheader()
-    for view in views:
+    for view in shown:
         writer.writerow({**view, "recipients": ";".join(view["recipients"])})
     return out.getvalue()
 
@@ -262,9 +271,9 @@ async def operation(request: Request, console: Console, session: Session) -> Res
         "operation.html",
         session,
         op=found,
-        view=reads.operation_view(found),
+        view=views.operation_view(found),
         summary=reads.summary(found),
-        stored=json.dumps(reads.request_view(found), indent=2, sort_keys=True, ensure_ascii=False),
+        stored=json.dumps(views.request_view(found), indent=2, sort_keys=True, ensure_ascii=False),
         timeline=await reads.timeline(ledger, found),
     )
 

@@ -1,9 +1,8 @@
 """What each console page shows, read from the ledger (and, for the upstream, from the proxy).
 
-The only module of the console that reaches the shared views of operations (`operation_view`, and
-`request_view`: the stored request with its secrets redacted): the pages and exports show what
-`hail-guard ops` and the agent's `get_operation` show. Every list is one
-page read through an index (`Ledger.search_operations`...).
+Operations themselves are shown through `hail_guard.views` (`operation_view`, and `request_view`: the
+stored request with its secrets redacted), as `hail-guard ops` and the agent's `get_operation` show
+them. Every list is one page read through an index (`Ledger.search_operations`...).
 Sends per hour come an hour at a time (`Ledger.hour_of_sends`): hours that ended are kept for
 `KEEP_HOURS_SECONDS`, the current one is read on every view, so a busy ledger is never counted whole.
 """
@@ -20,9 +19,6 @@ from typing import Any
 from hail_guard.ledger import Ledger
 from hail_guard.models import DeliveryState, Event, HourOfSends, Operation, State, ToolPin
 from hail_guard.server import Proxy
-from hail_guard.views import operation_view, request_view
-
-__all__ = ["operation_view", "request_view"]
 
 KEEP_HOURS_SECONDS = 600.0
 """How long the detail of an hour of the last day that ended is kept before it is read again (delivery moves on)."""

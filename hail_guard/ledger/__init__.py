@@ -1,9 +1,10 @@
 """The ledger: the durable record of every intended send and what is known of it.
 
 `Ledger` is a small protocol of domain operations. `core.LedgerCore` does what both backends do
-alike over named statements (`sql`); each backend owns its dialect's SQL, the send path, migrations
-and one error mapping (`sqlite.errors_mapped`, `postgres_errors.errors_mapped`). Nothing outside
-this package uses a name of it that starts with `_`. `open_ledger` picks the backend from a URL:
+alike over named statements (`sql`), and `reads.OperatorReads` adds what operators read (the
+console); each backend owns its dialect's SQL, the send path, migrations and one error mapping
+(`sqlite.errors_mapped`, `postgres_errors.errors_mapped`). Nothing outside this package uses a
+name of it that starts with `_`. `open_ledger` picks the backend from a URL:
 
 - `sqlite:///path/to/ledger.db` (or a plain path): one host, the default;
 - `postgresql://...` (or `postgres://`): several processes and hosts (needs the `postgres` extra).

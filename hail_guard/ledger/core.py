@@ -8,7 +8,8 @@ rows come back as mappings that `operation_of` and pydantic read alike (SQLite's
 UTC datetimes to pydantic, its JSON is text as PostgreSQL's is). A backend adds the send path
 (`begin_send`, claims, outcomes, lease expiry, batch planning), where the dialects really differ; where
 the protocol's signature is long, the core keeps it and calls the backend's step (`_claim_unknown`,
-`_plan_batch`), so the two backends repeat no line of Python.
+`_plan_batch`), so the two backends repeat no line of Python. What operators read (the console's
+pages) is `reads.OperatorReads`, this core with those reads; each backend is one.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import json
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
@@ -29,9 +29,7 @@ from hail_guard.models import (
     BatchSummary,
     DeliveryEvent,
     DeliveryObservation,
-    DeliveryState,
     Event,
-    HourOfSends,
     Intent,
     Operation,
     Outcome,
@@ -344,56 +342,6 @@ class LedgerCore(ABC):
             raise BadInput("prune needs a positive age; nothing was removed")
         return await self._write(_prune, older_than_seconds)
 
-    # --- What the operator console reads (and its one write, `cancel_batch`): the work is at the end of the module.
-
-    async def hour_of_sends(self, start: datetime) -> HourOfSends:
-        return await self._read(_hour_of_sends, start)
-
-    async def count_sent(self, start: datetime, end: datetime) -> int:
-        row = await self._read(_row, "count_sent", epoch(start), epoch(end))
-        return int(row["count"]) if row is not None else 0
-
-    async def count_states(self, states: Sequence[State]) -> dict[State, int]:
-        return await self._read(_count_states, list(states))
-
-    async def search_operations(
-        self,
-        *,
-        key_prefix: str | None = None,
-        state: State | None = None,
-        campaign_id: str | None = None,
-        batch_id: str | None = None,
-        recipient: str | None = None,
-        since: datetime | None = None,
-        after: str | None = None,
-        limit: int = 50,
-    ) -> list[Operation]:
-        search = OperationSearch(key_prefix, state, campaign_id, batch_id, recipient, since)
-        return await self._read(_search_operations, search, after, limit)
-
-    async def cancel_batch(self, batch_id: str, *, reason: str, actor: str) -> list[str]:
-        return await self._write(_cancel_batch, batch_id, batch_cancel_reason(reason), actor)
-
-    async def search_suppressions(
-        self, *, prefix: str | None = None, after: tuple[str, str] | None = None, limit: int = 100
-    ) -> list[Suppression]:
-        low, high = key_range(recipients.comparable(prefix)) if prefix is not None else ("", _LAST_CHARACTER)
-        rows = await self._read(_rows, "search_suppressions", low, high, *(after or ("", "")), limit)
-        return [Suppression.model_validate(dict(row)) for row in rows]
-
-    async def opt_out_cancellations(self, recipient: str, channel: str, *, limit: int = 20) -> list[Operation]:
-        key = recipients.comparable(recipient, channel)
-        low, high, like = sub_address_pattern(key) or (key, key, key)
-        args = (key, low, high, like, f"{opt_out_cancel_prefix()}%", channel, limit)
-        return await self._read(_many, "opt_out_cancelled", *args)
-
-    async def remember_tool_definitions(self, definitions: Mapping[str, str]) -> None:
-        await self._write(_run_many, "remember_tool_definition", sorted(definitions.items()))
-
-    async def tool_definitions(self, fingerprints: Sequence[str]) -> dict[str, str]:
-        rows = await self._read(_rows, "tool_definitions", json.dumps(list(fingerprints)))
-        return {row["fingerprint"]: row["definition"] for row in rows}
-
 
 # --- work, as functions of a Tx ----------------------------------------------------------------------
 
@@ -443,7 +391,12 @@ async def opted_out(tx: Tx, reached: Sequence[str], channel: str) -> bool:
 
 async def cancel_opted_out(tx: Tx, actor: str, reason: str, batch_id: str | None = None) -> list[str]:
     """Cancel every unforwarded operation (of `batch_id`, or of all) a recipient of which opted out."""
-    pending = {row["id"]: State(row["state"]) for row in await tx.rows("opted_out_pending", batch_id)}
+    return await cancel_pending(tx, await tx.rows("opted_out_pending", batch_id), actor, reason)
+
+
+async def cancel_pending(tx: Tx, found: Sequence[Row], actor: str, reason: str) -> list[str]:
+    """Cancel these unforwarded operations (rows of `id` and `state`), each with its event; the ids cancelled."""
+    pending = {row["id"]: State(row["state"]) for row in found}
     if not pending:
         return []
     cancelled = [row["id"] for row in await tx.rows("cancel_operations", json.dumps(list(pending)), reason)]
@@ -468,7 +421,7 @@ async def suppress(tx: Tx, suppression: Suppression, actor: str) -> list[str]:
     return await cancel_opted_out(tx, actor, policy.suppression_reason(suppression))
 
 
-async def _batch_name(tx: Tx, batch_id: str) -> str | None:
+async def batch_name(tx: Tx, batch_id: str) -> str | None:
     row = await tx.row("batch_name", batch_id)
     if row is None:
         raise NotFound(f"no batch {batch_id}; plan one with `hail-guard batch plan FILE`")
@@ -477,14 +430,14 @@ async def _batch_name(tx: Tx, batch_id: str) -> str | None:
 
 
 async def _batch_status(tx: Tx, batch_id: str) -> BatchStatus:
-    name = await _batch_name(tx, batch_id)
+    name = await batch_name(tx, batch_id)
     counts = {State(row["state"]): int(row["count"]) for row in await tx.rows("batch_counts", batch_id)}
     unresolved = await _many(tx, "batch_unresolved", batch_id)
     return BatchStatus(batch_id=batch_id, name=name, counts=counts, unresolved=unresolved)
 
 
 async def _approve_batch(tx: Tx, batch_id: str, actor: str) -> int:
-    await _batch_name(tx, batch_id)
+    await batch_name(tx, batch_id)
     approved = await tx.rows("approve_batch", batch_id)
     for row in approved:
         await record_event(tx, row["id"], State.PLANNED, State.READY, actor, "batch approved")
@@ -634,132 +587,3 @@ async def _refuse_repeats(tx: Tx, window_seconds: float) -> None:
         intent = Intent.model_validate(values)
         matches = [operation_of(row) for row in await tx.rows("matches", *match_args(intent, window_seconds))]
         raise policy.already_planned(intent, matches, found["position"])
-
-
-# --- The operator console's reads (and `cancel_batch`): each list walks an index (SQLite 7, PostgreSQL 9). ---
-
-
-@dataclass(frozen=True)
-class OperationSearch:
-    """The filters of `Ledger.search_operations` (None: not filtered on)."""
-
-    key_prefix: str | None = None
-    state: State | None = None
-    campaign_id: str | None = None
-    batch_id: str | None = None
-    recipient: str | None = None
-    since: datetime | None = None
-
-
-_LAST_CHARACTER = "\U0010ffff"
-
-
-def key_range(prefix: str) -> tuple[str, str]:
-    """[low, high): every text that starts with `prefix`, in code point order (no key holds U+10FFFF)."""
-    return prefix, prefix + _LAST_CHARACTER
-
-
-def sub_address_pattern(mailbox: str) -> tuple[str, str, str] | None:
-    """For `ada@example.com`: the range of `ada+...` and a LIKE pattern (escaped with `\\`) of `ada+%@example.com`:
-    the sub-addresses an opt-out of the mailbox covers. None for anything that is not a plain mailbox."""
-    local, at, domain = mailbox.rpartition("@")
-    if not at or not local or "+" in local:
-        return None
-
-    def escaped(text: str) -> str:
-        return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-    low, high = key_range(f"{local}+")
-    return low, high, f"{escaped(local)}+%@{escaped(domain)}"
-
-
-def opt_out_cancel_prefix() -> str:
-    """How every cancel an opt-out made begins (`policy.suppression_reason`, and a batch planned for one)."""
-    return policy.suppression_reason(Suppression(recipient="-", reason="-", source="-")).split(":", 1)[0]
-
-
-def batch_cancel_reason(reason: str) -> str:
-    """The cancel reason of an operator's `cancel_batch`; refused without a reason."""
-    if not reason.strip():
-        raise RefusedByPolicy("cancelling a batch's unsent sends needs a reason; nothing was cancelled")
-    return f"cancelled with its batch by an operator before it was sent: {reason.strip()}"
-
-
-_AFTER_NOTHING = (float("inf"), 2**62, "")
-"""(created at, position, key) past every operation: a search's page after nothing (the first page)."""
-_SEARCHES = ("key", "recipient", "batch", "campaign", "state")
-"""The filter that drives a search, in this order of preference (`search_by_<filter>`, else `search_all`)."""
-
-
-async def _row(tx: Tx, name: str, *args: Any) -> Row | None:
-    return await tx.row(name, *args)
-
-
-async def _run_many(tx: Tx, name: str, args: Sequence[Sequence[Any]]) -> None:
-    await tx.run_many(name, args)
-
-
-async def _hour_of_sends(tx: Tx, start: datetime) -> HourOfSends:
-    states: dict[State, int] = {}
-    deliveries: dict[DeliveryState, int] = {}
-    for row in await tx.rows("hour_of_sends", epoch(start)):
-        state, count = State(row["state"]), int(row["count"])
-        states[state] = states.get(state, 0) + count
-        if row["delivery_state"] is not None:
-            delivered = DeliveryState(row["delivery_state"])
-            deliveries[delivered] = deliveries.get(delivered, 0) + count
-    return HourOfSends(start=start, sent=sum(states.values()), states=states, deliveries=deliveries)
-
-
-async def _count_states(tx: Tx, states: list[State]) -> dict[State, int]:
-    """One index range per state: the unresolved ones, which hold few, are counted at once."""
-    counts = {}
-    for state in states:
-        row = await tx.row("count_in_state", state.value)
-        if row is not None and row["count"]:
-            counts[state] = int(row["count"])
-    return counts
-
-
-async def _search_operations(tx: Tx, search: OperationSearch, after: str | None, limit: int) -> list[Operation]:
-    """The first filter given of `_SEARCHES` drives (its own statement walks its index); the others are checked on
-    the rows it yields. Newest first, or by key for a key search; `after` continues after that operation."""
-    anchor = _AFTER_NOTHING
-    if after is not None:
-        found = await tx.row("search_anchor", after)
-        if found is None:
-            raise NotFound(f"no operation {after} to continue the search after")
-        anchor = (float(found["created_at"]), int(found["position"]), found["idempotency_key"])  # exact: ties page
-    low, high = key_range(search.key_prefix) if search.key_prefix is not None else (None, None)
-    given = {
-        "key": search.key_prefix,
-        "recipient": search.recipient,
-        "batch": search.batch_id,
-        "campaign": search.campaign_id,
-        "state": search.state,
-    }
-    driver = next((name for name in _SEARCHES if given[name] is not None), "all")
-    args = (
-        low,
-        high,
-        recipients.comparable(search.recipient) if search.recipient is not None else None,
-        search.batch_id,
-        search.campaign_id,
-        search.state.value if search.state is not None else None,
-        epoch(search.since),
-        *anchor,
-        limit,
-    )
-    name = f"search_by_{driver}" if driver != "all" else "search_all"
-    return await _many(tx, name, *args)
-
-
-async def _cancel_batch(tx: Tx, batch_id: str, reason: str, actor: str) -> list[str]:
-    await _batch_name(tx, batch_id)
-    pending = {row["id"]: State(row["state"]) for row in await tx.rows("unsent_in_batch", batch_id)}
-    if not pending:
-        return []
-    cancelled = [row["id"] for row in await tx.rows("cancel_operations", json.dumps(list(pending)), reason)]
-    for operation_id in cancelled:
-        await record_event(tx, operation_id, pending[operation_id], State.CANCELLED, actor, reason)
-    return cancelled

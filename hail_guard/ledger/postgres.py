@@ -41,7 +41,7 @@ import structlog
 
 from hail_guard import policy, recipients
 from hail_guard.errors import HailGuardError, LeaseLost, LedgerError, LedgerUnavailable
-from hail_guard.ledger import Begin, backfill, core, sql
+from hail_guard.ledger import Begin, backfill, core, reads, sql
 from hail_guard.ledger.core import LEASE_EXPIRED, PLAN_CHUNK, Row, Work
 from hail_guard.ledger.postgres_errors import describe, errors_mapped
 from hail_guard.models import Intent, Operation, Outcome, State
@@ -104,7 +104,7 @@ class _Tx:
             await self._db.executemany(_SQL[name], args)
 
 
-class PostgresLedger(core.LedgerCore):
+class PostgresLedger(reads.OperatorReads):
     def __init__(self, pool: asyncpg.Pool, where: str, secrets: frozenset[str]) -> None:
         self._pool = pool
         self._where = where

@@ -35,7 +35,7 @@ import anyio.to_thread
 
 from hail_guard import policy, recipients
 from hail_guard.errors import HailGuardError, LeaseLost, LedgerUnavailable
-from hail_guard.ledger import Begin, backfill, core, sql
+from hail_guard.ledger import Begin, backfill, core, reads, sql
 from hail_guard.ledger.core import LEASE_EXPIRED, PLAN_CHUNK, Row, Work, must_row
 from hail_guard.ledger.sqlite_file import backup_file, create_private, refuse_network_filesystem
 from hail_guard.lifecycle import is_legal
@@ -189,7 +189,7 @@ def _commit_group(db: sqlite3.Connection, group: list[_Job]) -> None:
             job.result, job.error = None, exc
 
 
-class SqliteLedger(core.LedgerCore):
+class SqliteLedger(reads.OperatorReads):
     def __init__(self, writer: aiosqlite.Connection, reader: aiosqlite.Connection, path: str, busy: float) -> None:
         self._writer = _Writer(writer)
         self._writer_db = writer

@@ -1,0 +1,196 @@
+"""What operators read of the ledger (the console's pages), over the core's transactions and named SQL.
+
+`OperatorReads` is `LedgerCore` with the reads an operator's pages need, each list walking an index
+(SQLite schema 7, PostgreSQL 9): sends per hour, counts of the states that wait for someone, a
+search by key prefix and every filter a page at a time, opt-outs by prefix and what each
+cancelled, and upstream tool definitions by fingerprint; and the one decision those pages add
+beside approving a batch, `cancel_batch`. Both backends are `OperatorReads`: each statement is
+named once per dialect in `sql/<dialect>/queries.sql`, and the Python here runs on either.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from hail_guard import policy, recipients
+from hail_guard.errors import BadInput, NotFound
+from hail_guard.ledger.core import LedgerCore, Row, Tx, batch_name, cancel_pending, epoch, operation_of
+from hail_guard.models import DeliveryState, HourOfSends, Operation, State, Suppression
+
+_LAST_CHARACTER = "\U0010ffff"
+_AFTER_NOTHING = (float("inf"), 2**62, "")
+"""(created at, position, key) past every operation: a search's page after nothing (the first page)."""
+_SEARCHES = ("key", "recipient", "batch", "campaign", "state")
+"""The filter that drives a search, in this order of preference (`search_by_<filter>`, else `search_all`)."""
+
+
+@dataclass(frozen=True)
+class OperationSearch:
+    """The filters of `Ledger.search_operations` (None: not filtered on)."""
+
+    key_prefix: str | None = None
+    state: State | None = None
+    campaign_id: str | None = None
+    batch_id: str | None = None
+    recipient: str | None = None
+    since: datetime | None = None
+
+
+def key_range(prefix: str) -> tuple[str, str]:
+    """[low, high): every text that starts with `prefix`, in code point order (no key holds U+10FFFF)."""
+    return prefix, prefix + _LAST_CHARACTER
+
+
+def sub_address_pattern(mailbox: str) -> tuple[str, str, str] | None:
+    """For `ada@example.com`: the range of `ada+...` and a LIKE pattern (escaped with `\\`) of `ada+%@example.com`:
+    the sub-addresses an opt-out of the mailbox covers. None for anything that is not a plain mailbox."""
+    local, at, domain = mailbox.rpartition("@")
+    if not at or not local or "+" in local:
+        return None
+
+    def escaped(text: str) -> str:
+        return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+    low, high = key_range(f"{local}+")
+    return low, high, f"{escaped(local)}+%@{escaped(domain)}"
+
+
+def opt_out_cancel_prefix() -> str:
+    """How every cancel an opt-out made begins (`policy.suppression_reason`, and a batch planned for one)."""
+    return policy.suppression_reason(Suppression(recipient="-", reason="-", source="-")).split(":", 1)[0]
+
+
+def batch_cancel_reason(reason: str) -> str:
+    """The cancel reason of an operator's `cancel_batch`; refused (`BadInput`) without a reason."""
+    if not reason.strip():
+        raise BadInput("cancelling a batch's unsent sends needs a reason; nothing was cancelled")
+    return f"cancelled with its batch by an operator before it was sent: {reason.strip()}"
+
+
+class OperatorReads(LedgerCore):
+    """The ledger core with what operators read (see the module docstring); each backend is one."""
+
+    async def hour_of_sends(self, start: datetime) -> HourOfSends:
+        return await self._read(_hour_of_sends, start)
+
+    async def count_sent(self, start: datetime, end: datetime) -> int:
+        [row] = await self._read(_rows, "count_sent", epoch(start), epoch(end))
+        return int(row["count"])
+
+    async def count_states(self, states: Sequence[State]) -> dict[State, int]:
+        return await self._read(_count_states, list(states))
+
+    async def search_operations(
+        self,
+        *,
+        key_prefix: str | None = None,
+        state: State | None = None,
+        campaign_id: str | None = None,
+        batch_id: str | None = None,
+        recipient: str | None = None,
+        since: datetime | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> list[Operation]:
+        search = OperationSearch(key_prefix, state, campaign_id, batch_id, recipient, since)
+        return await self._read(_search_operations, search, after, limit)
+
+    async def cancel_batch(self, batch_id: str, *, reason: str, actor: str) -> list[str]:
+        return await self._write(_cancel_batch, batch_id, batch_cancel_reason(reason), actor)
+
+    async def search_suppressions(
+        self, *, prefix: str | None = None, after: tuple[str, str] | None = None, limit: int = 100
+    ) -> list[Suppression]:
+        low, high = key_range(recipients.comparable(prefix)) if prefix is not None else ("", _LAST_CHARACTER)
+        rows = await self._read(_rows, "search_suppressions", low, high, *(after or ("", "")), limit)
+        return [Suppression.model_validate(dict(row)) for row in rows]
+
+    async def opt_out_cancellations(self, recipient: str, channel: str, *, limit: int = 20) -> list[Operation]:
+        key = recipients.comparable(recipient, channel)
+        low, high, like = sub_address_pattern(key) or (key, key, key)
+        rows = await self._read(
+            _rows, "opt_out_cancelled", key, low, high, like, f"{opt_out_cancel_prefix()}%", channel, limit
+        )
+        return [operation_of(row) for row in rows]
+
+    async def remember_tool_definitions(self, definitions: Mapping[str, str]) -> None:
+        await self._write(_run_many, "remember_tool_definition", sorted(definitions.items()))
+
+    async def tool_definitions(self, fingerprints: Sequence[str]) -> dict[str, str]:
+        rows = await self._read(_rows, "tool_definitions", json.dumps(list(fingerprints)))
+        return {row["fingerprint"]: row["definition"] for row in rows}
+
+
+# --- work, as functions of a Tx ----------------------------------------------------------------------
+
+
+async def _rows(tx: Tx, name: str, *args: Any) -> list[Row]:
+    return await tx.rows(name, *args)
+
+
+async def _run_many(tx: Tx, name: str, args: Sequence[Sequence[Any]]) -> None:
+    await tx.run_many(name, args)
+
+
+async def _hour_of_sends(tx: Tx, start: datetime) -> HourOfSends:
+    states: dict[State, int] = {}
+    deliveries: dict[DeliveryState, int] = {}
+    for row in await tx.rows("hour_of_sends", epoch(start)):
+        state, count = State(row["state"]), int(row["count"])
+        states[state] = states.get(state, 0) + count
+        if row["delivery_state"] is not None:
+            delivered = DeliveryState(row["delivery_state"])
+            deliveries[delivered] = deliveries.get(delivered, 0) + count
+    return HourOfSends(start=start, sent=sum(states.values()), states=states, deliveries=deliveries)
+
+
+async def _count_states(tx: Tx, states: list[State]) -> dict[State, int]:
+    """One index range per state: the unresolved ones, which hold few, are counted at once."""
+    counts = {}
+    for state in states:
+        row = await tx.row("count_in_state", state.value)
+        if row is not None and row["count"]:
+            counts[state] = int(row["count"])
+    return counts
+
+
+async def _search_operations(tx: Tx, search: OperationSearch, after: str | None, limit: int) -> list[Operation]:
+    """The first filter given of `_SEARCHES` drives (its own statement walks its index); the others are checked on
+    the rows it yields. Newest first, or by key for a key search; `after` continues after that operation."""
+    anchor = _AFTER_NOTHING
+    if after is not None:
+        found = await tx.row("search_anchor", after)
+        if found is None:
+            raise NotFound(f"no operation {after} to continue the search after")
+        anchor = (float(found["created_at"]), int(found["position"]), found["idempotency_key"])  # exact: ties page
+    low, high = key_range(search.key_prefix) if search.key_prefix is not None else (None, None)
+    given = {
+        "key": search.key_prefix,
+        "recipient": search.recipient,
+        "batch": search.batch_id,
+        "campaign": search.campaign_id,
+        "state": search.state,
+    }
+    driver = next((name for name in _SEARCHES if given[name] is not None), "all")
+    args = (
+        low,
+        high,
+        recipients.comparable(search.recipient) if search.recipient is not None else None,
+        search.batch_id,
+        search.campaign_id,
+        search.state.value if search.state is not None else None,
+        epoch(search.since),
+        *anchor,
+        limit,
+    )
+    name = f"search_by_{driver}" if driver != "all" else "search_all"
+    return [operation_of(row) for row in await tx.rows(name, *args)]
+
+
+async def _cancel_batch(tx: Tx, batch_id: str, reason: str, actor: str) -> list[str]:
+    await batch_name(tx, batch_id)  # NotFound for a batch that does not exist
+    return await cancel_pending(tx, await tx.rows("unsent_in_batch", batch_id), actor, reason)
