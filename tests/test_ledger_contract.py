@@ -767,20 +767,81 @@ async def test_concurrent_delivery_facts_settle_on_the_furthest_one(ledger: Ledg
 # --- What the operator console reads -----------------------------------------------------------------------------
 
 
-async def test_an_hour_of_sends_counts_what_left_in_it_by_state_and_delivery(ledger: Ledger) -> None:
+async def test_sends_by_hour_count_what_left_in_each_hour_by_state_and_delivery(ledger: Ledger) -> None:
     op = await accepted(ledger)
     await ledger.record_delivery(op.id, [observed(DeliveryState.BOUNCED)])
     await ledger.begin_send(intent("c1:l2:email:intro", body="other"), owner="w1", lease_seconds=60)
     await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(2), state=State.READY, actor="op")
-    now = await ledger.now()
-    hour = now.replace(minute=0, second=0, microsecond=0)
-    counted = await ledger.hour_of_sends(hour)
+    hour = (await ledger.now()).replace(minute=0, second=0, microsecond=0)
+    [counted] = await ledger.sends_by_hour(hour - timedelta(hours=3))
     assert (counted.start, counted.sent) == (hour, 2)  # the ready ones have not left
     assert counted.states == {State.ACCEPTED: 1, State.SENDING: 1}
     assert counted.deliveries == {DeliveryState.BOUNCED: 1}
-    assert (await ledger.hour_of_sends(hour - timedelta(hours=1))).sent == 0
-    assert await ledger.count_sent(hour, hour + timedelta(hours=1)) == 2
-    assert await ledger.count_sent(hour - timedelta(hours=2), hour) == 0
+    assert await ledger.sends_by_hour(hour + timedelta(hours=1)) == []
+
+
+async def counted_from_operations(ledger: Ledger) -> dict[datetime, tuple[int, dict[State, int], dict[str, int]]]:
+    """What `sends_by_hour` must say, counted over every operation (by the hour it first left)."""
+    found: dict[datetime, tuple[int, dict[State, int], dict[str, int]]] = {}
+    after = None
+    while page := await ledger.search_operations(after=after, limit=100):
+        for op in page:
+            if op.first_sent_at is not None:
+                hour = op.first_sent_at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+                sent, states, deliveries = found.get(hour, (0, {}, {}))
+                states[op.state] = states.get(op.state, 0) + 1
+                if op.delivery_state is not None:
+                    deliveries[op.delivery_state.value] = deliveries.get(op.delivery_state.value, 0) + 1
+                found[hour] = (sent + 1, states, deliveries)
+        after = page[-1].id
+    return found
+
+
+async def assert_counts_match(ledger: Ledger) -> None:
+    since = (await ledger.now()).replace(minute=0, second=0, microsecond=0) - timedelta(hours=2)
+    kept = {
+        hour.start: (hour.sent, hour.states, {state.value: n for state, n in hour.deliveries.items()})
+        for hour in await ledger.sends_by_hour(since)
+    }
+    assert kept == await counted_from_operations(ledger)
+
+
+async def test_the_counts_per_hour_equal_a_count_of_the_operations_after_every_kind_of_write(ledger: Ledger) -> None:
+    rate_limited = Outcome(state=State.READY, reason="429", error="rate", not_before_seconds=0.0)
+    unclear = Outcome(state=State.NEEDS_REVIEW, reason="unclear", review_reason="unclear")
+    failed = Outcome(state=State.FAILED, reason="refused", error="consent")
+    outcomes = [ACCEPTED, failed, LOST, rate_limited, unclear]
+    settled: dict[State, list[str]] = {}
+
+    async def send(n: int) -> None:  # concurrent: on PostgreSQL, from several connections (shards)
+        op = (await ledger.begin_send(intent(f"k{n}", body=f"m{n}"), owner=f"w{n}", lease_seconds=60)).operation
+        done = await ledger.record_outcome(op.id, owner=f"w{n}", outcome=outcomes[n % 5], actor=f"w{n}")
+        settled.setdefault(done.state, []).append(done.id)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(20):
+            tg.start_soon(send, n)
+    await assert_counts_match(ledger)
+    for n, operation_id in enumerate(settled[State.ACCEPTED]):
+        states = [DeliveryState.DELIVERED, DeliveryState.OPENED] if n % 2 else [DeliveryState.BOUNCED]
+        await ledger.record_delivery(operation_id, [observed(state) for state in states])
+    for claimed in await ledger.claim_unknown(owner="r", lease_seconds=60, limit=2):  # reconcile settles two
+        await ledger.record_outcome(claimed.id, owner="r", outcome=ACCEPTED, actor="r")
+    await ledger.resolve_review(settled[State.NEEDS_REVIEW][0], state=State.CANCELLED, reason="no", actor="op")
+    old = await ledger.get(settled[State.NEEDS_REVIEW][1])
+    await ledger.resend(old.id, resend_of(old), reason="again", actor="op")
+    await ledger.begin_send(intent("lapsed", body="lapsed"), owner="w", lease_seconds=0)
+    await ledger.expire_leases()
+    await assert_counts_match(ledger)
+    await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(4), state=State.READY, actor="op")
+    [first] = await ledger.claim_ready(owner="w", lease_seconds=60, batch_id="B1")
+    await ledger.record_outcome(first.id, owner="w", outcome=rate_limited, actor="w")  # left once, ready again
+    await ledger.cancel_batch("B1", reason="wrong list", actor="op")
+    opt_out = Suppression(recipient="a@example.com", reason="STOP", source="t")
+    await ledger.add_suppression(opt_out, actor="op")  # cancels the rate-limited sends, which had left once
+    await assert_counts_match(ledger)
+    assert (await ledger.prune(older_than_seconds=1e-3)).operations > 0
+    await assert_counts_match(ledger)
 
 
 async def test_counts_of_the_states_asked_for(ledger: Ledger) -> None:

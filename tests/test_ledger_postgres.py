@@ -35,7 +35,7 @@ from tests.test_ledger_contract import ACCEPTED, batch_intents, intent
 asyncpg = pytest.importorskip("asyncpg", reason="the PostgreSQL ledger needs the `postgres` extra")
 from hail_guard.ledger import sql  # noqa: E402
 from hail_guard.ledger.core import LEASE_EXPIRED, PLAN_CHUNK  # noqa: E402
-from hail_guard.ledger.postgres import migrate, migrations  # noqa: E402
+from hail_guard.ledger.postgres import migrate, migrations, open_postgres_ledger  # noqa: E402
 from hail_guard.ledger.postgres_errors import describe, errors_mapped  # noqa: E402
 
 LATEST = migrations()[-1][0]
@@ -496,3 +496,29 @@ def test_a_durable_server_migrates_without_a_warning() -> None:
         anyio.run(migrate, url)
     assert [entry["version"] for entry in logs if entry["event"] == "ledger_migrated"] == list(range(1, LATEST + 1))
     assert not [entry for entry in logs if entry["event"] == "ledger_not_durable"]
+
+
+async def test_a_send_never_waits_on_another_writers_count_of_the_same_hour(postgres_url: str) -> None:
+    """Counts per hour are sharded by writer: a transaction that counted a send in this hour and has not
+    committed holds its own shard's row, not the row a send on another connection adds to."""
+    async with open_postgres_ledger(postgres_url, busy_timeout_seconds=0.05, max_connections=1) as ledger:
+        await ledger.now()
+        [pid] = await fetch(postgres_url, "SELECT pid FROM pg_stat_activity WHERE application_name = 'hail-guard'")
+        holder = await asyncpg.connect(postgres_url)
+        while await holder.fetchval("SELECT pg_backend_pid() % 16") == pid % 16:  # another shard than the ledger's
+            await holder.close()
+            holder = await asyncpg.connect(postgres_url)
+        try:
+            async with holder.transaction():
+                await holder.execute(
+                    "INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request,"
+                    " request_fingerprint, content_fingerprint, state, first_sent_at, created_at, updated_at)"
+                    " VALUES ('held', 'held', 'send_email', 'email', '[]', '{}', '{}', 'f', 'f', 'sending', now(),"
+                    " now(), now())"
+                )
+                begin = await ledger.begin_send(intent(), owner="w1", lease_seconds=60)  # not past the lock timeout
+        finally:
+            await holder.close()
+        [hour] = await ledger.sends_by_hour((await ledger.now()).replace(minute=0, second=0, microsecond=0))
+    assert begin.claimed
+    assert hour.states == {State.SENDING: 2}  # each counted in its own shard, summed when read

@@ -1,9 +1,11 @@
-"""Upgrading a ledger written by an older hail-guard: SQLite 5 -> 6 and PostgreSQL 7 -> 8.
+"""Upgrading a ledger written by an older hail-guard.
 
-The rows an older version wrote (recipients as given, `to` alone, opt-outs trimmed and lower-cased,
-content fingerprints over the whole request) are recomputed from their stored requests, so the new
-rules hold for them too: an opt-out in an old spelling stops the sends it names, a retry of an old
-send is recognised by meaning, and every recipient field of an old send is checked.
+SQLite 5 -> 6 and PostgreSQL 7 -> 8: the rows an older version wrote (recipients as given, `to`
+alone, opt-outs trimmed and lower-cased, content fingerprints over the whole request) are recomputed
+from their stored requests, so the new rules hold for them too: an opt-out in an old spelling stops
+the sends it names, a retry of an old send is recognised by meaning, and every recipient field of an
+old send is checked. SQLite 6 -> 7 and PostgreSQL 8 -> 9: the sends an old ledger holds are counted
+per hour, and the counts follow them on.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ from hail_guard.errors import Suppressed
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.ledger import postgres as postgres_ledger
 from hail_guard.ledger import sqlite as sqlite_ledger
-from hail_guard.models import Intent, State
+from hail_guard.models import DeliveryObservation, DeliveryState, Intent, Outcome, State
 from tests.postgres import PostgresServer
 
 CC_SEND = {
@@ -87,7 +90,8 @@ def _at_version(path: Path, version: int) -> None:
         db.close()
 
 
-async def _postgres_at_version(url: str, version: int) -> None:
+async def _postgres_at_version(url: str, version: int, *, legacy: bool = True) -> None:
+    """A PostgreSQL ledger as hail-guard at schema `version` left it, with the legacy rows (`legacy`)."""
     import asyncpg
 
     db = await asyncpg.connect(url)
@@ -97,6 +101,8 @@ async def _postgres_at_version(url: str, version: int) -> None:
             if number <= version:
                 await db.execute(sql)
                 await db.execute("INSERT INTO hail_guard_schema_version (version) VALUES ($1)", number)
+        if not legacy:
+            return
         for row in _legacy_rows():
             await db.execute(
                 "INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request,"
@@ -178,3 +184,100 @@ async def test_begin_send_is_recreated_when_its_text_changes(postgres_server: Po
             assert await db.fetchval("SELECT count(*) FROM pg_proc WHERE proname = 'hg_begin_send'") == 1
         finally:
             await db.close()
+
+
+SENT_BEFORE = [  # (key, state, delivery state, hours before the current one it first left; None: never)
+    ("old:1", "accepted", "delivered", 3),
+    ("old:2", "accepted", None, 3),
+    ("old:3", "failed", None, 30),
+    ("old:4", "unknown", None, 2),
+    ("old:5", "ready", None, None),
+]
+"""Operations an older hail-guard recorded, before the ledger counted sends per hour."""
+
+
+def _sent_rows(now: float) -> list[tuple[Any, ...]]:
+    """(id, key, request, state, delivery state, first sent at) of `SENT_BEFORE`, as epoch seconds from `now`."""
+    hour = now - now % 3600
+    rows = []
+    for key, state, delivered, back in SENT_BEFORE:
+        request = keys.canonical_json({**SMS_SEND, "idempotency_key": key})
+        sent_at = hour - back * 3600 + 125.5 if back is not None else None
+        rows.append((str(uuid.uuid4()), key, request, state, delivered, sent_at))
+    return rows
+
+
+async def _counts_start_from_the_operations_and_follow_them(ledger: Ledger) -> None:
+    hour = (await ledger.now()).replace(minute=0, second=0, microsecond=0)
+
+    async def counted() -> dict[int, tuple[int, dict[State, int], dict[str, int]]]:
+        found = await ledger.sends_by_hour(hour - timedelta(hours=48))
+        return {
+            round((hour - h.start).total_seconds() / 3600): (
+                h.sent,
+                h.states,
+                {d.value: n for d, n in h.deliveries.items()},
+            )
+            for h in found
+        }
+
+    assert await counted() == {
+        30: (1, {State.FAILED: 1}, {}),
+        3: (2, {State.ACCEPTED: 2}, {"delivered": 1}),
+        2: (1, {State.UNKNOWN: 1}, {}),
+    }
+    later = await ledger.find_by_key("old:2")
+    assert later is not None
+    await ledger.record_delivery(later.id, [DeliveryObservation(state=DeliveryState.BOUNCED, source="webhook")])
+    [unknown] = await ledger.claim_unknown(owner="r", lease_seconds=60)
+    accepted = Outcome(state=State.ACCEPTED, reason="found", provider_id="s-1", result={"id": "s-1"})
+    await ledger.record_outcome(unknown.id, owner="r", outcome=accepted, actor="r")
+    assert await counted() == {
+        30: (1, {State.FAILED: 1}, {}),
+        3: (2, {State.ACCEPTED: 2}, {"delivered": 1, "bounced": 1}),
+        2: (1, {State.ACCEPTED: 1}, {}),
+    }
+
+
+async def test_a_sqlite_ledger_of_schema_6_counts_the_sends_it_holds_per_hour(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        for number, sql in sqlite_ledger.migrations():
+            if number <= 6:
+                db.executescript(sql)
+        db.execute("PRAGMA user_version = 6")
+        now = db.execute("SELECT (julianday('now') - 2440587.5) * 86400.0").fetchone()[0]
+        db.executemany(
+            "INSERT INTO operations (id, idempotency_key, tool, channel, recipients, request, request_fingerprint,"
+            " content_fingerprint, state, delivery_state, first_sent_at, created_at, updated_at)"
+            " VALUES (?1, ?2, 'send_sms', 'sms', '[\"+14155550190\"]', ?3, ?2, ?2, ?4, ?5, ?6, ?7, ?7)",
+            [(*row, now) for row in _sent_rows(now)],
+        )
+    finally:
+        db.close()
+    async with open_ledger(f"sqlite:///{path}") as ledger:
+        await _counts_start_from_the_operations_and_follow_them(ledger)
+
+
+async def test_a_postgresql_ledger_of_schema_8_counts_the_sends_it_holds_per_hour(
+    postgres_server: PostgresServer,
+) -> None:
+    import asyncpg
+
+    async with postgres_server.database(migrated=False) as url:
+        await _postgres_at_version(url, 8, legacy=False)
+        db = await asyncpg.connect(url)
+        try:
+            now = await db.fetchval("SELECT extract(epoch FROM statement_timestamp())::float8")
+            await db.executemany(
+                "INSERT INTO operations (id, idempotency_key, tool, channel, recipients, request, request_fingerprint,"
+                " recipient_keys, content_fingerprint, state, delivery_state, first_sent_at, created_at, updated_at)"
+                " VALUES ($1, $2, 'send_sms', 'sms', '[\"+14155550190\"]', $3, $2, ARRAY['+14155550190'], $2, $4, $5,"
+                " to_timestamp($6), now(), now())",
+                _sent_rows(float(now)),
+            )
+        finally:
+            await db.close()
+        async with open_ledger(url) as ledger:
+            await _counts_start_from_the_operations_and_follow_them(ledger)

@@ -21,7 +21,6 @@ from hail_guard.config import ConsoleSettings, HttpSettings
 from hail_guard.console import actions, pages
 from hail_guard.console.auth import Operators
 from hail_guard.console.context import MOUNT, Console, age, when
-from hail_guard.console.reads import SendHistory
 from hail_guard.gate import allowed_hosts, browser_refusal
 from hail_guard.server import Proxy
 
@@ -54,7 +53,7 @@ def build_console(proxy: Proxy, settings: ConsoleSettings, http: HttpSettings) -
         Mount("/static", app=StaticFiles(packages=[("hail_guard.console", "static")]), name="static"),
     ]
     app = Starlette(routes=routes, middleware=[])
-    app.state.console = Console(proxy, operators, templates, SendHistory(proxy.ledger))
+    app.state.console = Console(proxy, operators, templates)
     return app
 
 

@@ -12,7 +12,6 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from hail_guard.console import reads
 from hail_guard.console.auth import SESSION_COOKIE, Operators, Session
-from hail_guard.console.reads import SendHistory
 from hail_guard.server import Proxy
 
 MOUNT = "/console"
@@ -27,7 +26,6 @@ class Console:
     proxy: Proxy
     operators: Operators
     templates: jinja2.Environment
-    history: SendHistory
     base: str = MOUNT
 
     def render(

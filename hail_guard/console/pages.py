@@ -98,7 +98,7 @@ def _https(request: Request) -> bool:
 
 @operator_page
 async def overview(request: Request, console: Console, session: Session) -> Response:
-    data = await reads.overview(console.proxy, console.history)
+    data = await reads.overview(console.proxy)
     return console.render(
         request,
         "overview.html",

@@ -3,15 +3,14 @@
 Operations themselves are shown through `hail_guard.views` (`operation_view`, and `request_view`: the
 stored request with its secrets redacted), as `hail-guard ops` and the agent's `get_operation` show
 them. Every list is one page read through an index (`Ledger.search_operations`...).
-Sends per hour come an hour at a time (`Ledger.hour_of_sends`): hours that ended are kept for
-`KEEP_HOURS_SECONDS`, the current one is read on every view, so a busy ledger is never counted whole.
+Sends per hour over the week come in one read of the counts the ledger keeps as it writes
+(`Ledger.sends_by_hour`): nothing is counted over the operations, and nothing is kept between views.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,10 +19,7 @@ from hail_guard.ledger import Ledger
 from hail_guard.models import DeliveryState, Event, HourOfSends, Operation, State, ToolPin
 from hail_guard.server import Proxy
 
-KEEP_HOURS_SECONDS = 600.0
-"""How long the detail of an hour of the last day that ended is kept before it is read again (delivery moves on)."""
-REFRESHED_PER_VIEW = 3
-"""Hours of the last day read again at most per view, the longest kept first: a view never waits for them all."""
+WEEK_HOURS = 7 * 24
 LIVE_STATES = (State.PLANNED, State.READY, State.SENDING, State.UNKNOWN, State.NEEDS_REVIEW)
 """Counted exactly on every view (`Ledger.count_states`): what waits for someone."""
 SUMMARY_FIELDS = ("subject", "body_text", "body", "first_message", "from_", "cc", "bcc")
@@ -36,47 +32,6 @@ OUTCOMES = (
     ("undelivered", (DeliveryState.UNDELIVERED, DeliveryState.FAILED, DeliveryState.NO_ANSWER, DeliveryState.BUSY)),
 )
 """Delivery outcomes as the overview counts them, each over what Hail accepted."""
-
-
-class SendHistory:
-    """Sends per hour over the last week, and the last day's in detail (states, deliveries).
-
-    An hour older than a day is counted once (`Ledger.count_sent`) and kept: when a send first left never
-    changes. An hour of the last day is read in detail (`Ledger.hour_of_sends`); the current one on every
-    view, the ones that ended again after `KEEP_HOURS_SECONDS`, at most `REFRESHED_PER_VIEW` a view.
-    """
-
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
-        self._sent: dict[datetime, int] = {}
-        self._detail: dict[datetime, tuple[HourOfSends, float]] = {}
-
-    async def week(self, now: datetime) -> tuple[list[tuple[datetime, int]], list[HourOfSends]]:
-        """(each hour of the last week with its sends, oldest first; the last 24 hours in detail)."""
-        current = now.replace(minute=0, second=0, microsecond=0)
-        starts = [current - timedelta(hours=back) for back in range(7 * 24 - 1, -1, -1)]
-        day = [await self._hour(start, current) for start in starts[-24:]]
-        await self._refresh(starts[-24:], current)
-        for start in starts[:-24]:
-            if start not in self._sent:
-                self._sent[start] = await self._ledger.count_sent(start, start + timedelta(hours=1))
-        self._sent = {start: sent for start, sent in self._sent.items() if start >= starts[0]}
-        self._detail = {start: kept for start, kept in self._detail.items() if start >= starts[-24]}
-        week = [(start, self._sent[start]) for start in starts[:-24]] + [(hour.start, hour.sent) for hour in day]
-        return week, day
-
-    async def _hour(self, start: datetime, current: datetime) -> HourOfSends:
-        kept = self._detail.get(start)
-        if kept is None or start == current:
-            kept = (await self._ledger.hour_of_sends(start), time.monotonic())
-            self._detail[start] = kept
-        return kept[0]
-
-    async def _refresh(self, starts: list[datetime], current: datetime) -> None:
-        """Read again the few hours of the last day kept longest, past `KEEP_HOURS_SECONDS` (for the next view)."""
-        stale = [s for s in starts if s != current and self._detail[s][1] < time.monotonic() - KEEP_HOURS_SECONDS]
-        for start in sorted(stale, key=lambda s: self._detail[s][1])[:REFRESHED_PER_VIEW]:
-            self._detail[start] = (await self._ledger.hour_of_sends(start), time.monotonic())
 
 
 @dataclass(frozen=True)
@@ -96,11 +51,21 @@ def outcomes(hours: list[HourOfSends]) -> tuple[int, list[Outcome]]:
     return accepted, found
 
 
-async def overview(proxy: Proxy, history: SendHistory) -> dict[str, Any]:
+async def week_of_sends(ledger: Ledger, now: datetime) -> tuple[list[tuple[datetime, int]], list[HourOfSends]]:
+    """(each hour of the last week with its sends, oldest first, the current hour last; the last day's hours
+    that had sends, in detail): one read of the counts the ledger keeps (`Ledger.sends_by_hour`)."""
+    current = now.replace(minute=0, second=0, microsecond=0)
+    starts = [current - timedelta(hours=back) for back in range(WEEK_HOURS - 1, -1, -1)]
+    found = {hour.start: hour for hour in await ledger.sends_by_hour(starts[0])}
+    week = [(start, found[start].sent if start in found else 0) for start in starts]
+    return week, [found[start] for start in starts[-24:] if start in found]
+
+
+async def overview(proxy: Proxy) -> dict[str, Any]:
     ledger = proxy.ledger
     await ledger.expire_leases()  # what the operator sees is what is true now
     now = await ledger.now()
-    week, day = await history.week(now)
+    week, day = await week_of_sends(ledger, now)
     accepted, delivery = outcomes(day)
     pins = await ledger.tool_pins()
     return {

@@ -200,11 +200,10 @@ class Ledger(Protocol):
 
     # What the operator console reads (and its one write, `cancel_batch`); every list walks an index.
 
-    async def hour_of_sends(self, start: datetime) -> HourOfSends:
-        """The operations first sent in the hour from `start`: how many, by state and by delivery state."""
-
-    async def count_sent(self, start: datetime, end: datetime) -> int:
-        """How many operations were first sent in [start, end), counted from an index alone."""
+    async def sends_by_hour(self, since: datetime) -> list[HourOfSends]:
+        """What first left in each hour from the one starting at `since` (a whole UTC hour) on, oldest first: how
+        many, by state and by delivery state now. Hours without a send are left out. Kept by the database as it
+        writes, so this reads a small table, never the operations."""
 
     async def count_states(self, states: Sequence[State]) -> dict[State, int]:
         """How many operations are in each of these states (those with none left out): one index range each,

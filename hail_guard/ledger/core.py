@@ -541,6 +541,7 @@ async def _prune(tx: Tx, older_than_seconds: float) -> PruneReport:
     await tx.run("prune_delivery_events", cutoff)
     await tx.run("prune_recipients", cutoff)
     operations = await tx.run("prune_operations", cutoff)
+    await tx.run("prune_send_counts")
     hooks = await tx.run("prune_webhooks", max(older_than_seconds, policy.WEBHOOK_DEDUPE_SECONDS))
     return PruneReport(operations=operations, events=events, webhook_deliveries=hooks)
 

@@ -1,11 +1,15 @@
 """What operators read of the ledger (the console's pages), over the core's transactions and named SQL.
 
-`OperatorReads` is `LedgerCore` with the reads an operator's pages need, each list walking an index
+`OperatorReads` is `LedgerCore` with the reads an operator's pages need, each walking an index
 (SQLite schema 7, PostgreSQL 9): sends per hour, counts of the states that wait for someone, a
 search by key prefix and every filter a page at a time, opt-outs by prefix and what each
 cancelled, and upstream tool definitions by fingerprint; and the one decision those pages add
 beside approving a batch, `cancel_batch`. Both backends are `OperatorReads`: each statement is
 named once per dialect in `sql/<dialect>/queries.sql`, and the Python here runs on either.
+
+Sends per hour are not counted from the operations at all: the database keeps them, in a small table
+(`sends_by_hour`) that triggers on `operations` update in the transaction of each write (the
+migrations say how), so a week is one range of that table whatever the ledger's size.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 from hail_guard import policy, recipients
 from hail_guard.errors import BadInput, NotFound
-from hail_guard.ledger.core import LedgerCore, Row, Tx, batch_name, cancel_pending, epoch, operation_of
+from hail_guard.ledger.core import LedgerCore, Row, Tx, as_time, batch_name, cancel_pending, epoch, operation_of
 from hail_guard.models import DeliveryState, HourOfSends, Operation, State, Suppression
 
 _LAST_CHARACTER = "\U0010ffff"
@@ -74,12 +78,8 @@ def batch_cancel_reason(reason: str) -> str:
 class OperatorReads(LedgerCore):
     """The ledger core with what operators read (see the module docstring); each backend is one."""
 
-    async def hour_of_sends(self, start: datetime) -> HourOfSends:
-        return await self._read(_hour_of_sends, start)
-
-    async def count_sent(self, start: datetime, end: datetime) -> int:
-        [row] = await self._read(_rows, "count_sent", epoch(start), epoch(end))
-        return int(row["count"])
+    async def sends_by_hour(self, since: datetime) -> list[HourOfSends]:
+        return hours_of_sends(await self._read(_rows, "sends_by_hour", epoch(since)))
 
     async def count_states(self, states: Sequence[State]) -> dict[State, int]:
         return await self._read(_count_states, list(states))
@@ -136,16 +136,18 @@ async def _run_many(tx: Tx, name: str, args: Sequence[Sequence[Any]]) -> None:
     await tx.run_many(name, args)
 
 
-async def _hour_of_sends(tx: Tx, start: datetime) -> HourOfSends:
-    states: dict[State, int] = {}
-    deliveries: dict[DeliveryState, int] = {}
-    for row in await tx.rows("hour_of_sends", epoch(start)):
-        state, count = State(row["state"]), int(row["count"])
-        states[state] = states.get(state, 0) + count
-        if row["delivery_state"] is not None:
+def hours_of_sends(rows: Sequence[Row]) -> list[HourOfSends]:
+    """Fold (hour, state, delivery state or '', count) rows, in hour order, into one `HourOfSends` an hour."""
+    hours: dict[datetime, HourOfSends] = {}
+    for row in rows:
+        start, state, count = as_time(row["hour"]), State(row["state"]), int(row["count"])
+        hour = hours.setdefault(start, HourOfSends(start=start, sent=0, states={}, deliveries={}))
+        hour.sent += count
+        hour.states[state] = hour.states.get(state, 0) + count
+        if row["delivery_state"]:
             delivered = DeliveryState(row["delivery_state"])
-            deliveries[delivered] = deliveries.get(delivered, 0) + count
-    return HourOfSends(start=start, sent=sum(states.values()), states=states, deliveries=deliveries)
+            hour.deliveries[delivered] = hour.deliveries.get(delivered, 0) + count
+    return list(hours.values())
 
 
 async def _count_states(tx: Tx, states: list[State]) -> dict[State, int]:

@@ -501,10 +501,15 @@ def _schema_version(db: sqlite3.Connection, path: str, latest: int) -> int:
 
 
 def _statements(script: str) -> Iterator[str]:
-    lines = [line.split("--")[0] for line in script.splitlines()]
-    for statement in "\n".join(lines).split(";"):
-        if statement.strip():
-            yield statement
+    """Each statement of a migration, whole: as SQLite reads them, so a trigger's body (with its own `;`) is one."""
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            yield pending
+            pending = ""
+    if pending.strip():
+        yield pending  # what is left is comments (it runs as nothing), or an unfinished statement (it fails)
 
 
 def _backfill_recipients(db: sqlite3.Connection) -> None:

@@ -157,6 +157,10 @@ DELETE FROM operation_recipients WHERE operation_id IN (
 -- name: prune_operations
 DELETE FROM operations WHERE state IN {terminal} AND updated_at < $1 AND created_at < $1
 
+-- name: prune_send_counts
+-- The hours' counts that fell to 0 (their sends were pruned, or all moved to other states).
+DELETE FROM sends_by_hour WHERE count = 0
+
 -- name: prune_webhooks
 DELETE FROM webhook_deliveries WHERE received_at < {now} - $1::float8 * interval '1 second'
 
@@ -412,14 +416,10 @@ SELECT {columns} FROM claimed ORDER BY created_at, seq
 -- The operator console's reads (hail_guard.console), as SQLite's: each walks an index (schema 9). Key and
 -- recipient ranges compare in byte order (COLLATE "C", as their indexes), whatever the database's collation.
 
--- name: hour_of_sends
-SELECT state, delivery_state, count(*) AS count FROM operations
-WHERE first_sent_at IS NOT NULL AND first_sent_at >= to_timestamp($1) AND first_sent_at < to_timestamp($1 + 3600)
-GROUP BY state, delivery_state
-
--- name: count_sent
-SELECT count(*) AS count FROM operations
-WHERE first_sent_at IS NOT NULL AND first_sent_at >= to_timestamp($1) AND first_sent_at < to_timestamp($2)
+-- name: sends_by_hour
+-- Each count is the sum of its shards (see migration 9).
+SELECT hour, state, delivery_state, sum(count) AS count FROM sends_by_hour WHERE hour >= to_timestamp($1)
+GROUP BY hour, state, delivery_state HAVING sum(count) <> 0 ORDER BY hour
 
 -- name: count_in_state
 SELECT count(*) AS count FROM operations WHERE state = $1

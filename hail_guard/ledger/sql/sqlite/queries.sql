@@ -160,6 +160,10 @@ DELETE FROM operation_recipients WHERE operation_id IN (
 -- name: prune_operations
 DELETE FROM operations WHERE state IN {terminal} AND updated_at < ?1 AND created_at < ?1
 
+-- name: prune_send_counts
+-- The hours' counts that fell to 0 (their sends were pruned, or all moved to other states).
+DELETE FROM sends_by_hour WHERE count = 0
+
 -- name: prune_webhooks
 DELETE FROM webhook_deliveries WHERE received_at < {now} - ?1
 
@@ -343,15 +347,9 @@ DELETE FROM hg_plan_stage
 -- ---------------------------------------------------------------------------------------------------
 -- The operator console's reads (hail_guard.console): each walks an index (schema 7).
 
--- name: hour_of_sends
--- ?1 the hour's start (epoch): what was first sent in it, by state and delivery state.
-SELECT state, delivery_state, COUNT(*) AS count FROM operations INDEXED BY operations_by_first_sent
-WHERE first_sent_at IS NOT NULL AND first_sent_at >= ?1 AND first_sent_at < ?1 + 3600
-GROUP BY state, delivery_state
-
--- name: count_sent
-SELECT COUNT(*) AS count FROM operations INDEXED BY operations_by_first_sent
-WHERE first_sent_at IS NOT NULL AND first_sent_at >= ?1 AND first_sent_at < ?2
+-- name: sends_by_hour
+-- ?1 an hour's start (epoch): what first left in it and in each hour since, by state and delivery state ('' none).
+SELECT hour, state, delivery_state, count FROM sends_by_hour WHERE hour >= ?1 AND count <> 0 ORDER BY hour
 
 -- name: count_in_state
 SELECT COUNT(*) AS count FROM operations INDEXED BY operations_by_state_created WHERE state = ?1
