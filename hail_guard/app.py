@@ -15,10 +15,12 @@ import anyio.to_thread
 import structlog
 from mcp.server.stdio import stdio_server
 
+from hail_guard import profiles
 from hail_guard.config import Settings
 from hail_guard.errors import ConfigError
 from hail_guard.guard import GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
+from hail_guard.profiles import Profile
 from hail_guard.server import Proxy, build_server
 from hail_guard.tracker import Tracker, TrackerSettings
 from hail_guard.upstream import UpstreamTarget, connect_upstream
@@ -73,8 +75,19 @@ def credentials_warning(settings: Settings) -> str | None:
     return upstream.token_warning(signed_in=signed_in)
 
 
+def load_profile(settings: Settings) -> Profile:
+    """The profile `[upstream] profile` names (a built-in name or a file)."""
+    return profiles.load_profile(settings.upstream.profile)
+
+
+def key_retention_hours(settings: Settings) -> float:
+    """How long the upstream keeps a key: as configured, else as its profile says."""
+    return settings.upstream.key_retention_hours or load_profile(settings).key_retention_hours
+
+
 def guard_settings(settings: Settings) -> GuardSettings:
     return GuardSettings(
+        profile=load_profile(settings),
         key_template=settings.guard.key_template,
         key_retention_hours=settings.upstream.key_retention_hours,
         timeout_seconds=settings.upstream.timeout_seconds,
@@ -117,12 +130,15 @@ async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> A
             expose_review=settings.review.expose_to_agent,
         )
         await proxy.refresh_tools()
-        log.info("proxy_ready", tools=len(proxy.tools), guarded=sorted(proxy.guarded))
+        log.info(
+            "proxy_ready", profile=proxy.settings.profile.name, tools=len(proxy.tools), guarded=sorted(proxy.guarded)
+        )
         yield proxy
 
 
 def tracker_settings(settings: Settings) -> TrackerSettings:
     return TrackerSettings(
+        profile=load_profile(settings),
         interval_seconds=settings.delivery.poll_interval_seconds,
         backoff_factor=settings.delivery.backoff_factor,
         max_backoff_seconds=settings.delivery.max_backoff_seconds,

@@ -51,7 +51,11 @@ class UpstreamSettings(_Section):
     command: list[str] | None = None
     token_env: str = "HAIL_API_KEY"  # noqa: S105  (the name of a variable, not a secret)
     timeout_seconds: float = Field(default=45.0, gt=0, le=3600)
-    key_retention_hours: float = Field(default=24.0, gt=0)
+    profile: str = Field(default="hail", min_length=1)
+    """The upstream's contract: a built-in profile (`hail`, `resend`, `agentmail`) or a profile file (a path
+    relative to the config file it is set in, else to the working folder)."""
+    key_retention_hours: float | None = Field(default=None, gt=0)
+    """How long the upstream keeps a key; None: as the profile says (Hail: 24)."""
     sandbox_outbox: str | None = None
     """With the built-in sandbox: append what it "sent" to this JSON Lines file."""
     pin_tools: bool = False
@@ -272,10 +276,20 @@ def load_settings(path: str | None = None, environ: Mapping[str, str] | None = N
             data.setdefault(section, {})[key] = [v for v in value.split(",") if v] if key in _LIST_KEYS else value
             variables[(section, key)] = name
     try:
-        return Settings.model_validate(data)
+        settings = Settings.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(_problem(error, variables) for error in exc.errors())
         raise ConfigError(f"the configuration is not valid ({path or 'defaults and environment'}): {problems}") from exc
+    profile = settings.upstream.profile
+    if path and ("upstream", "profile") not in variables and _is_relative_file(profile):
+        settings.upstream.profile = str(Path(path).parent / profile)  # beside the file that names it
+    return settings
+
+
+def _is_relative_file(profile: str) -> bool:
+    from hail_guard.profiles import BUILT_IN  # here: the profiles load only when a file names one
+
+    return profile not in BUILT_IN and not Path(profile).expanduser().is_absolute()
 
 
 def _problem(error: Any, variables: Mapping[tuple[str, str], str]) -> str:

@@ -45,15 +45,6 @@ CHANNEL_STATES: Final[Mapping[str, tuple[DeliveryState, ...]]] = {
 }
 """The delivery states each channel reports (HAIL_CONTRACT.md, status models)."""
 
-LOOKUP_TOOLS: Final[Mapping[str, tuple[str, str]]] = {
-    "email": ("get_email", "email_id"),
-    "sms": ("get_sms", "sms_id"),
-    "call": ("get_call", "call_id"),
-}
-"""The Hail tool (and its id argument) that reads a message back, per channel."""
-SEARCH_TOOLS: Final[Mapping[str, str]] = {"email": "list_emails", "sms": "list_sms", "call": "list_calls"}
-"""The Hail tool that lists a channel's messages to a recipient (`to`), newest first."""
-
 EVENT_TYPES: Final[Mapping[str, DeliveryState]] = {
     f"{channel}.{state.value}": state for channel, states in CHANNEL_STATES.items() for state in states
 }
@@ -78,9 +69,9 @@ def settle(current: DeliveryState | None, observations: Iterable[DeliveryObserva
 
 
 def observations_of_record(
-    channel: str, record: Mapping[str, Any], *, source: str = "poll"
+    channel: str, record: Mapping[str, Any], *, source: str = "poll", detail: str | None = None
 ) -> list[DeliveryObservation]:
-    """What a `get_email` / `get_sms` / `get_call` record says about delivery, in rank order.
+    """What a record read back (Hail's `get_email` / `get_sms` / `get_call`) says about delivery, in rank order.
 
     The record's `status`, plus any `<state>_at` time it carries (e.g. `opened_at`, which does not
     change the status). Unknown statuses (`sent`, `ringing`, ...) say nothing.
@@ -92,9 +83,8 @@ def observations_of_record(
         at = parse_time(record.get(f"{state.value}_at"))
         if at is not None or status == state.value:
             found[state] = at or (parse_time(record.get("updated_at")) if status == state.value else None)
-    tool = LOOKUP_TOOLS[channel][0] if channel in LOOKUP_TOOLS else None
     return [
-        DeliveryObservation(state=state, occurred_at=at, source=source, detail=tool)
+        DeliveryObservation(state=state, occurred_at=at, source=source, detail=detail)
         for state, at in sorted(found.items(), key=lambda item: RANK[item[0]])
     ]
 

@@ -2,24 +2,28 @@
 
 `Guard.send` is DESIGN.md's flow: validate, derive the key, commit `sending`, forward, classify,
 commit the outcome. `Guard.reconcile` is the only way out of `unknown`: it replays the SAME key
-with the SAME stored request, or looks the message up, or hands it to a human.
+with the SAME stored request, or looks the message up, or searches for it, or hands it to a human.
+Everything the upstream's contract decides (the key argument, recipients, the message, how answers
+read, how to look a send up or find it) comes from the profile (`GuardSettings.profile`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Protocol
 
 import anyio
 import structlog
 from mcp import types
 
-from hail_guard import delivery, keys, policy, recipients
+from hail_guard import keys, pointers, policy, profiles, recipients
 from hail_guard.crashpoints import check as check_crash_points
 from hail_guard.crashpoints import crash_point
 from hail_guard.errors import (
@@ -33,17 +37,15 @@ from hail_guard.errors import (
 )
 from hail_guard.ledger import Ledger
 from hail_guard.models import Answer, AnswerKind, Intent, Operation, Outcome, State
+from hail_guard.profiles import Profile, ToolSpec
 
 log = structlog.get_logger(__name__)
 
 _RECORD_ATTEMPTS = 5
 _RECONCILE_MAX = 100
 """Operations one `reconcile` call settles at most (the rest are due for the next call)."""
-_LOOKUP_TOOLS = delivery.LOOKUP_TOOLS
-_SEARCH_LIMIT = 100
-"""Messages to a recipient read back at most, newest first, when looking for one with no id."""
 PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}"
-ALLOW_DUPLICATE = "allow_duplicate"
+ALLOW_DUPLICATE = profiles.ALLOW_DUPLICATE
 """An argument hail-guard adds to guarded tools: a deliberate repeat; removed before forwarding."""
 
 
@@ -61,13 +63,16 @@ class UpstreamCaller(Protocol):
 @dataclass(frozen=True)
 class GuardSettings:
     key_template: str | None = None
-    key_retention_hours: float = 24.0
+    key_retention_hours: float | None = None
+    """How long the upstream keeps a key (None: as its profile says)."""
     timeout_seconds: float = 45.0
     lease_seconds: float | None = None
     """How long a claim lasts; default: the upstream timeout plus a margin."""
     max_reconcile_attempts: int = 5
     duplicate_window_hours: float | None = 24.0
     """A new key for content sent within this window is refused as a probable duplicate (None: off)."""
+    profile: Profile = field(default_factory=profiles.hail)
+    """The upstream's contract (`[upstream] profile`; the built-in `hail` by default)."""
 
     @property
     def lease(self) -> float:
@@ -132,33 +137,41 @@ class Guard:
         hours = self.settings.duplicate_window_hours
         return hours * 3600.0 if hours is not None else None
 
+    def spec(self, tool: str) -> ToolSpec:
+        """How the profile guards `tool`."""
+        return self.settings.profile.spec(tool)
+
     def prepare(
         self, tool: str, arguments: Mapping[str, Any], input_schema: Mapping[str, Any]
     ) -> tuple[Intent, dict[str, Any]]:
         """Validate and derive everything the ledger needs; records nothing."""
+        spec = self.spec(tool)
         request = dict(arguments)
         allow_duplicate = request.pop(ALLOW_DUPLICATE, False)
         if not isinstance(allow_duplicate, bool):
             raise BadInput(f"{ALLOW_DUPLICATE} must be true or false")
+        own_key = (
+            {} if spec.forwards_key or keys.KEY_FIELD not in request else {keys.KEY_FIELD: request.pop(keys.KEY_FIELD)}
+        )
         policy.validate_arguments(tool, request, input_schema)
-        policy.check_hail_rules(tool, request)
-        policy.check_consent(input_schema, request)
-        channel = keys.channel_of(tool)
-        reaches = recipients.recipients_of(channel, request)  # refuses an address or number it cannot read
-        request[keys.KEY_FIELD] = keys.derive_key(tool, request, self.settings.key_template)
+        policy.check_rules(spec, request, input_schema)
+        reaches = recipients.recipients_of(spec.channel, request, spec.recipients)  # refuses an unreadable one
+        key = keys.derive_key(spec, {**request, **own_key}, self.settings.key_template)
+        if spec.key is not None:
+            request[spec.key] = key  # the upstream takes the key: it is part of what is forwarded
         text = keys.canonical_json(request)
         metadata = request.get("metadata")
         if not isinstance(metadata, dict):
             metadata = {}
         intent = Intent(
-            idempotency_key=request[keys.KEY_FIELD],
+            idempotency_key=key,
             tool=tool,
-            channel=channel,
+            channel=spec.channel,
             recipients=reaches,
             request=text,
             request_fingerprint=keys.fingerprint(text),
-            content_fingerprint=keys.content_fingerprint(tool, request),
-            sender=keys.canonical_json(keys.sender_of(channel, request)),
+            content_fingerprint=keys.content_fingerprint(spec, request),
+            sender=keys.canonical_json(keys.sender_of(spec, request)),
             allow_duplicate=allow_duplicate,
             **{name: _text(metadata.get(name)) for name in keys.METADATA_KEY_FIELDS},
         )
@@ -170,7 +183,7 @@ class Guard:
         if existing.idempotency_key == intent.idempotency_key and not (
             existing.request_fingerprint == intent.request_fingerprint or policy.same_meaning(existing, intent)
         ):
-            raise policy.key_conflict(existing, intent, request)
+            raise policy.key_conflict(self.spec(intent.tool), existing, intent, request)
         log.info(
             "operation_replayed",
             operation_id=existing.id,
@@ -198,10 +211,10 @@ class Guard:
 
     def _answer_of(self, tool: str, result: types.CallToolResult, request: Mapping[str, Any]) -> Answer:
         return policy.classify(
-            tool,
+            self.spec(tool),
             is_error=bool(result.is_error),
             payload=payload_of(result),
-            text=_text_of(result),
+            text=text_of(result),
             request=request,
             declared=policy.declared_fields(self.tool_schemas.get(tool)),
         )
@@ -266,11 +279,13 @@ class Guard:
 
     async def _reconcile_one(self, operation: Operation, owner: str) -> Operation:
         crash_point("reconcile_claimed")
+        spec = self.spec(operation.tool)
         plan = policy.plan_reconcile(
             operation,
             now=await self.ledger.now(),
-            key_retention_hours=self.settings.key_retention_hours,
+            key_retention_hours=self.settings.key_retention_hours or spec.retention_hours,
             recipient_suppressed=await self.ledger.is_suppressed(operation.recipients, operation.channel),
+            replayable=spec.forwards_key,
         )
         log.info("reconcile_step", operation_id=operation.id, key=operation.idempotency_key, step=plan.step)
         if plan.step is policy.ReconcileStep.REVIEW:
@@ -302,68 +317,102 @@ class Guard:
         )
 
     async def _look_up(self, operation: Operation) -> Outcome:
-        tool, id_field = _LOOKUP_TOOLS.get(operation.channel, (None, None))
-        if tool is None or id_field is None or operation.provider_id is None:
+        lookup = self.spec(operation.tool).lookup
+        if lookup is None or operation.provider_id is None:
             reason = f"no lookup tool for the {operation.channel} channel"
             return Outcome(state=State.NEEDS_REVIEW, reason=reason, review_reason=reason)
         try:
-            result = await self.upstream.call_tool(
-                tool, {id_field: operation.provider_id}, timeout_seconds=self.settings.timeout_seconds
-            )
+            found = await self._find_by_id(operation, lookup)
         except UpstreamError as exc:
             return policy.lookup_failed(str(exc))
-        payload = payload_of(result)
-        if payload is not None and payload.get("id") == operation.provider_id:
-            return Outcome(state=State.ACCEPTED, reason=f"{tool} found the message", result=payload)
-        reason = f"{tool} did not find {operation.provider_id}: {_text_of(result)[:200]}"
+        if found is not None:
+            return Outcome(state=State.ACCEPTED, reason=f"{lookup.tool} found the message", result=found)
+        reason = f"{lookup.tool} did not find {operation.provider_id}"
         return Outcome(state=State.NEEDS_REVIEW, reason=reason, review_reason=reason)
 
     async def _search(self, operation: Operation, why_not_replay: str) -> Outcome:
-        """Where a replay could send again, look in Hail's messages: one that carries this key settles it;
-        one that only looks like it (same recipient and subject) is shown to the human who decides."""
+        """Where a replay could send again, look in the upstream's messages: one that proves the send (under
+        its key, or where the upstream takes none, alike in every matched field and sent after it was
+        recorded) settles it; one that only looks like it is shown to the human who decides."""
         try:
             seen = await self.look_for(operation)
         except UpstreamError as exc:
             return policy.lookup_failed(str(exc))
-        return policy.outcome_of_search(operation, seen.record, seen.searched, why_not_replay)
+        return policy.outcome_of_search(operation, seen.sighted, seen.searched, why_not_replay, complete=seen.complete)
 
     async def look_for(self, operation: Operation) -> Sighting:
-        """Look in Hail for the message of `operation`: by its id when known, else among the messages to its
-        first recipient since it was recorded. Sends nothing; `UpstreamError` when Hail gave no answer."""
-        tool, id_field = _LOOKUP_TOOLS.get(operation.channel, (None, None))
-        if operation.provider_id and tool is not None and id_field is not None:
-            payload = await self._read(tool, {id_field: operation.provider_id})
-            found = payload if payload.get("id") == operation.provider_id else None
-            return Sighting(found, f"{tool} {operation.provider_id}", complete=True)
-        search = delivery.SEARCH_TOOLS.get(operation.channel)
-        to = policy.first_recipient_as_sent(operation)
-        if search is None or to is None:
+        """Look upstream for the message of `operation`: by its id when known (the profile's `lookup`), else by
+        the profile's `search`. Sends nothing; `UpstreamError` when the upstream gave no answer."""
+        spec = self.spec(operation.tool)
+        if operation.provider_id and spec.lookup is not None:
+            record = await self._find_by_id(operation, spec.lookup)
+            sighted = policy.Sighted(record, operation.provider_id, proven=True) if record is not None else None
+            return Sighting(sighted, f"{spec.lookup.tool} {operation.provider_id}", complete=True)
+        search = spec.search
+        if search is None:
             return Sighting(None, f"no tool lists {operation.channel} messages", complete=False)
-        rows = (await self._read(search, {"to": to, "limit": _SEARCH_LIMIT})).get("data")
-        searched = f"{search} to {to} since {operation.created_at:%Y-%m-%d %H:%M:%S}"
-        if not isinstance(rows, list):
-            raise UpstreamLost(f"{search} answered without a `data` list of messages; nothing was resent")
-        return Sighting(policy.sighting(operation, rows), searched, complete=True)
+        since = operation.created_at - timedelta(seconds=policy.SIGHTING_MARGIN_SECONDS)
+        filled = profiles.read_arguments(search.arguments, operation.arguments(), provider_id=None, since=since)
+        if filled.missing:
+            said = ", ".join(pointers.shown(pointer) for pointer in filled.missing)
+            return Sighting(None, f"{search.tool} cannot be asked: the send has no {said}", complete=False)
+        result = await self._read(search.tool, filled.arguments)
+        items = profiles.read_items(search, result.structured_content, text_of(result))
+        searched = f"{search.tool} {filled.described}".rstrip() + f" since {operation.created_at:%Y-%m-%d %H:%M:%S}"
+        if items is None:
+            raise UpstreamLost(f"{search.tool} answered without a list of messages; nothing was resent")
+        claimed = await self._claimed_ids(operation) if not spec.forwards_key else frozenset()
+        return Sighting(policy.sighting(spec, operation, items, claimed=claimed), searched, complete=True)
 
-    async def _read(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """A read tool's JSON answer; `UpstreamLost` when it gave none (an error, unreadable)."""
+    async def _claimed_ids(self, operation: Operation) -> frozenset[str]:
+        """The upstream ids other operations to the same recipients already hold (one message is one send)."""
+        since = operation.created_at - timedelta(hours=24)
+        recipient = operation.recipients[0] if operation.recipients else None
+        others = await self.ledger.list_operations(recipient=recipient, since=since, limit=500)
+        return frozenset(other.provider_id for other in others if other.provider_id and other.id != operation.id)
+
+    async def _find_by_id(self, operation: Operation, lookup: profiles.Lookup) -> dict[str, Any] | None:
+        """The upstream's record of `operation` by its id, or None when the upstream has none."""
+        since = operation.created_at - timedelta(seconds=policy.SIGHTING_MARGIN_SECONDS)
+        filled = profiles.read_arguments(
+            lookup.arguments, operation.arguments(), provider_id=operation.provider_id, since=since
+        )
+        result = await self._read(lookup.tool, filled.arguments)
+        record = profiles.read_answer(result.structured_content, text_of(result), lookup.answer_text)
+        if record is None:
+            raise UpstreamLost(f"{lookup.tool} gave an answer hail-guard cannot read; nothing was resent")
+        return record if str(pointers.resolve(record, lookup.id)) == operation.provider_id else None
+
+    async def _read(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        """A read tool's answer; `UpstreamLost` when it gave none (an error that does not say "not found")."""
         result = await self.upstream.call_tool(tool, arguments, timeout_seconds=self.settings.timeout_seconds)
+        answers = self.settings.profile.data.answers
+        text = text_of(result)
         payload = payload_of(result)
-        if result.is_error or payload is None or ("error" in payload and "resource not found" not in str(payload)):
-            raise UpstreamLost(f"{tool} gave no usable answer ({_text_of(result)[:200]}); nothing was resent")
-        return payload
+        error = pointers.resolve(payload, answers.error) if payload is not None and answers.error else None
+        if result.is_error or error is not None:
+            said = str(error) if error is not None else text
+            if answers.not_found is not None and re.search(answers.not_found, said, re.IGNORECASE):
+                return types.CallToolResult(content=[], structured_content={})  # an answer: no such message
+            raise UpstreamLost(f"{tool} gave no usable answer ({text[:200]}); nothing was resent")
+        return result
 
 
 @dataclass(frozen=True)
 class Sighting:
-    """What a look in Hail for an operation's message found (`Guard.look_for`)."""
+    """What a look upstream for an operation's message found (`Guard.look_for`)."""
 
-    record: dict[str, Any] | None
-    """Hail's record of the message, when it has one."""
+    sighted: policy.Sighted | None
+    """The upstream's record of the message, or of one that looks like it."""
     searched: str
     """What was asked, in words (for an operator)."""
     complete: bool
-    """False when there is no tool to look with: then not finding proves nothing."""
+    """False when there is no way to look: then not finding proves nothing."""
+
+    @property
+    def record(self) -> dict[str, Any] | None:
+        """The upstream's record of the message, or of one that looks like it."""
+        return self.sighted.record if self.sighted is not None else None
 
 
 def _not_recorded(operation: Operation, outcome: Outcome, cause: LedgerUnavailable) -> OutcomeNotRecorded:
@@ -385,13 +434,14 @@ def payload_of(result: types.CallToolResult) -> dict[str, Any] | None:
     if isinstance(result.structured_content, dict):
         return result.structured_content
     try:
-        value = json.loads(_text_of(result))
+        value = json.loads(text_of(result))
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
 
 
-def _text_of(result: types.CallToolResult) -> str:
+def text_of(result: types.CallToolResult) -> str:
+    """The text blocks of a result, joined."""
     return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
 
 

@@ -1,10 +1,12 @@
 """Canonical JSON, fingerprints and idempotency keys.
 
 `canonical_json` is the one function that turns arguments into bytes: the same text is hashed
-for fingerprints, stored in the ledger and forwarded to Hail, so a replay is byte-identical.
+for fingerprints, stored in the ledger and forwarded upstream, so a replay is byte-identical. What a
+tool's message is, who it is from and where its key goes come from its profile (`ToolSpec`).
 
 Key derivation (DESIGN.md, keys), in order:
-1. the caller's own `idempotency_key`, validated;
+1. the caller's own key, validated: in the upstream's key argument (the profile's `key`, Hail's
+   `idempotency_key`), or in hail-guard's own `idempotency_key` for an upstream that takes none;
 2. the configured template, when one is set (a template that cannot be filled is refused);
 3. `campaign_id:lead_id:channel:message_id` when `metadata` carries all three;
 4. a content key `hg:<channel>:<hash>` over the canonical request, so a plain repeat is the same
@@ -25,30 +27,16 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hail_guard import pointers, profiles
 from hail_guard.errors import BadInput, ConfigError
-from hail_guard.recipients import RECIPIENT_FIELDS, BadRecipient, normalise_recipient
+from hail_guard.profiles import ToolSpec
+from hail_guard.recipients import BadRecipient, normalise_recipient
 
-KEY_FIELD = "idempotency_key"
+KEY_FIELD = profiles.KEY_FIELD
+"""hail-guard's own key argument (and Hail's): where a caller gives its key when the profile names no other."""
 MAX_KEY_LENGTH = 255
 METADATA_KEY_FIELDS = ("campaign_id", "lead_id", "message_id")
-SENDER_FIELDS = ("from_", "from_name", "reply_to")
-"""Who a message is from: compared only when two sends both give them (left out, the upstream's default)."""
-_NOT_MESSAGE = frozenset(
-    {
-        KEY_FIELD,
-        "metadata",
-        "allow_duplicate",
-        "recipient_consent",
-        "consent_source",
-        "consent_obtained_at",
-        "message_type",
-        *RECIPIENT_FIELDS,
-        *SENDER_FIELDS,
-    }
-)
-"""Arguments that do not change what a recipient reads or hears: left out of the content fingerprint."""
 _WHITESPACE = re.compile(r"\s+")
-_CHANNELS = {"send_email": "email", "send_sms": "sms", "place_call": "call"}
 _RESEND_SUFFIX = re.compile(r"^(?P<original>.+):resend:(?P<n>[0-9]+)$")
 _PLACEHOLDER = re.compile(r"^(channel|tool|metadata\.[A-Za-z0-9_]+|[A-Za-z_][A-Za-z0-9_]*)$")
 
@@ -77,38 +65,30 @@ def fingerprint(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def channel_of(tool: str) -> str:
-    """Hail scopes keys per organisation, so keys carry the channel."""
-    return _CHANNELS.get(tool, tool)
-
-
-def content_fingerprint(tool: str, arguments: Mapping[str, Any]) -> str:
+def content_fingerprint(spec: ToolSpec, arguments: Mapping[str, Any]) -> str:
     """What a message says, by meaning: the same for every form an agent's regenerated retry takes.
 
-    Recipients, sender, key, metadata and consent attestations are left out (recipients are matched
-    one by one, the sender only when both sends name one). Text is NFC with its whitespace collapsed;
-    null, empty text, empty lists and empty objects count as absent; 2.0 is 2. Used to recognise a
-    retry, never to derive a key (keys never change between versions: `derive_key`).
+    Only the message counts (`ToolSpec.message`: the profile's `content`, else every argument but the
+    recipients, sender, key and `not_content`; recipients are matched one by one, the sender only when both
+    sends name one). Text is NFC with its whitespace collapsed; null, empty text, empty lists and empty
+    objects count as absent; 2.0 is 2. Used to recognise a retry, never to derive a key (keys never change
+    between versions: `derive_key`).
     """
-    message = meaning_of({name: value for name, value in arguments.items() if message_field(name)})
-    return fingerprint(canonical_json({"tool": tool, "message": message or {}}))
+    message = meaning_of(spec.message(arguments))
+    return fingerprint(canonical_json({"tool": spec.name, "message": message or {}}))
 
 
-def message_field(name: str) -> bool:
-    """Whether an argument is part of what the recipient reads or hears (see `content_fingerprint`)."""
-    return name not in _NOT_MESSAGE
-
-
-def sender_of(channel: str, arguments: Mapping[str, Any]) -> dict[str, str]:
-    """The sender fields a send gives, in their compared form (an address or number normalised)."""
+def sender_of(spec: ToolSpec, arguments: Mapping[str, Any]) -> dict[str, str]:
+    """The sender fields a send gives, in their compared form (an address or number normalised, a name
+    case-folded), by name."""
     sender: dict[str, str] = {}
-    for name in SENDER_FIELDS:
-        value = meaning_of(arguments.get(name))
+    for pointer in (*spec.sender, *spec.sender_names):
+        value = meaning_of(pointers.resolve(arguments, pointer))
         if value is None:
             continue
-        text = str(value)
+        text, name = str(value), pointers.shown(pointer)
         try:
-            sender[name] = normalise_recipient(text, channel) if name != "from_name" else text.casefold()
+            sender[name] = normalise_recipient(text, spec.channel) if pointer in spec.sender else text.casefold()
         except BadRecipient:
             sender[name] = text.casefold()
     return sender
@@ -130,13 +110,13 @@ def meaning_of(value: Any) -> Any:
     return value
 
 
-def validate_key(key: object) -> str:
+def validate_key(key: object, field: str = KEY_FIELD) -> str:
     if not isinstance(key, str) or not key.strip():
-        raise BadInput(f"{KEY_FIELD} must be a non-empty string; omit it to let hail-guard derive one")
+        raise BadInput(f"{field} must be a non-empty string; omit it to let hail-guard derive one")
     if len(key) > MAX_KEY_LENGTH:
-        raise BadInput(f"{KEY_FIELD} is {len(key)} characters long; the limit is {MAX_KEY_LENGTH}")
+        raise BadInput(f"{field} is {len(key)} characters long; the limit is {MAX_KEY_LENGTH}")
     if not key.isprintable() or any(ch.isspace() for ch in key):
-        raise BadInput(f"{KEY_FIELD} must be printable with no whitespace: {key!r}")
+        raise BadInput(f"{field} must be printable with no whitespace: {key!r}")
     return key
 
 
@@ -168,11 +148,12 @@ def template_fields(template: str) -> list[str]:
     return names
 
 
-def derive_key(tool: str, arguments: Mapping[str, Any], template: str | None = None) -> str:
-    """The idempotency key for these arguments (see the module docstring for the order)."""
-    if KEY_FIELD in arguments:
-        return validate_key(arguments[KEY_FIELD])
-    channel = channel_of(tool)
+def derive_key(spec: ToolSpec, arguments: Mapping[str, Any], template: str | None = None) -> str:
+    """The idempotency key for these arguments (see the module docstring for the order); the caller's own
+    key is in `spec.key_field` (the upstream's key argument, else hail-guard's `idempotency_key`)."""
+    if spec.key_field in arguments:
+        return validate_key(arguments[spec.key_field], spec.key_field)
+    tool, channel = spec.name, spec.channel
     if template is not None:
         return validate_key(_fill(template, tool, channel, arguments))
     metadata = arguments.get("metadata")

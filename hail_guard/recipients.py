@@ -21,13 +21,16 @@ from __future__ import annotations
 import codecs
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from hail_guard import pointers
 from hail_guard.errors import BadInput
 
 RECIPIENT_FIELDS = ("to", "cc", "bcc", "recipient", "recipients")
-"""Argument names that name who receives a send; every one is checked against opt-outs."""
+"""Argument names that name who receives a send where a profile does not say; every one is checked
+against opt-outs."""
+RECIPIENT_POINTERS = tuple(f"/{name}" for name in RECIPIENT_FIELDS)
 EMAIL_CHANNELS = frozenset({"email"})
 PHONE_CHANNELS = frozenset({"sms", "call"})
 MAX_RECIPIENT_LENGTH = 320
@@ -82,15 +85,18 @@ def recipient_keys(recipient: str) -> list[str]:
     return [recipient]
 
 
-def recipients_of(channel: str, arguments: Mapping[str, Any]) -> tuple[str, ...]:
-    """Every recipient of a send (to, cc, bcc, ... alike), normalised, each once, in the order given."""
+def recipients_of(
+    channel: str, arguments: Mapping[str, Any], fields: Sequence[str] = RECIPIENT_POINTERS
+) -> tuple[str, ...]:
+    """Every recipient of a send in `fields` (JSON pointers: to, cc, bcc, ... alike), normalised, each once,
+    in the order given."""
     found: dict[str, None] = {}
-    for name in RECIPIENT_FIELDS:
-        for value in _values(arguments.get(name)):
+    for field in fields:
+        for value in _values(pointers.resolve(arguments, field)):
             try:
                 found[normalise_recipient(value, channel)] = None
             except BadRecipient as exc:
-                raise BadRecipient(f"{name}: {exc}") from None
+                raise BadRecipient(f"{pointers.shown(field)}: {exc}") from None
     return tuple(found)
 
 

@@ -16,14 +16,17 @@ import structlog
 from hail_guard import keys, policy
 from hail_guard.guard import Guard, claim_token
 from hail_guard.models import Intent, Operation, State
+from hail_guard.profiles import ToolSpec
 
 log = structlog.get_logger(__name__)
 
 
-def resend_intent(operation: Operation) -> Intent:
-    """The stored request of `operation` under the resend key (nothing else changes)."""
+def resend_intent(spec: ToolSpec, operation: Operation) -> Intent:
+    """The stored request of `operation` under the resend key (nothing else changes; an upstream that takes
+    no key gets the very same request, the new key is the ledger's alone)."""
     key = keys.resend_key(operation.idempotency_key)
-    text = keys.canonical_json({**operation.arguments(), keys.KEY_FIELD: key})
+    request = operation.arguments() if spec.key is None else {**operation.arguments(), spec.key: key}
+    text = keys.canonical_json(request)
     return Intent(
         idempotency_key=key,
         tool=operation.tool,
@@ -51,9 +54,9 @@ async def resend(guard: Guard, operation_id: str, *, reason: str, actor: str) ->
         raise policy.not_in_review(operation, "resent")
     await guard.upstream.wait_connected()
     seen = await guard.look_for(operation)  # a resend of a message Hail has would be a second send
-    if seen.record is not None:
-        raise policy.found_in_upstream(operation, seen.record, seen.searched)
-    intent = resend_intent(operation)
+    if seen.sighted is not None:
+        raise policy.found_in_upstream(operation, seen.sighted.record, seen.searched, seen.sighted.provider_id)
+    intent = resend_intent(guard.spec(operation.tool), operation)
     created = await guard.ledger.resend(operation.id, intent, reason=reason, actor=actor)
     log.info("operation_resent", operation_id=operation.id, new_operation_id=created.id, key=intent.idempotency_key)
     owner = claim_token()

@@ -1,7 +1,8 @@
-"""The downstream MCP server: Hail's tools re-exposed, guarded ones routed through the guard.
+"""The downstream MCP server: the upstream's tools re-exposed, guarded ones routed through the guard.
 
-Upstream tools pass through verbatim (names, descriptions, schemas, annotations, results). Tools
-that take an idempotency key go through `Guard.send`, and are listed taking `allow_duplicate` too;
+Upstream tools pass through verbatim (names, descriptions, schemas, annotations, results). The tools
+the profile guards (Hail's: every tool that takes an idempotency key) go through `Guard.send`, and are
+listed taking `allow_duplicate` too (and hail-guard's own key, where the upstream takes none);
 hail-guard's own tools are the entries of `tools.OWN` (the review queue only when the config exposes
 it). A call's name resolves to one route (`Proxy.routes`: own, guarded or passed through); whatever it
 raises is answered as `policy.failure_of` says. This is the only module that turns our errors into MCP
@@ -78,7 +79,7 @@ class Proxy:
     upstream: UpstreamTools
     settings: GuardSettings = field(default_factory=GuardSettings)
     guarded_tools: Sequence[str] | None = None
-    """Tools to guard; None: every tool whose schema takes an idempotency key."""
+    """Tools to guard; None: those the profile guards (`settings.profile`)."""
     require_approval: bool = False
     observer: CallObserver | None = None
     pin_tools: bool = False
@@ -113,7 +114,7 @@ class Proxy:
         return [self._as_listed(tool) for tool in self.tools.values()] + [own.tool for own in self.own_tools().values()]
 
     def _as_listed(self, tool: types.Tool) -> types.Tool:
-        return listed_as_guarded(tool) if tool.name in self.guarded else tool
+        return listed_as_guarded(tool, self.guard.spec(tool.name)) if tool.name in self.guarded else tool
 
     def input_schema(self, name: str) -> dict[str, Any] | None:
         own = self.own_tools().get(name)
@@ -142,7 +143,7 @@ class Proxy:
             log.warning("upstream_tools_shadowed", tools=shadowed)
         self.tools = {tool.name: tool for tool in listed if tool.name not in own}
         schemas = {name: tool.input_schema for name, tool in self.tools.items()}
-        self.guarded = policy.guarded_tool_names(schemas, self.guarded_tools) & set(self.tools)
+        self.guarded = self.settings.profile.guarded(schemas, self.guarded_tools)
         self.guard.tool_schemas = {name: schemas[name] for name in self.guarded}
         await self._observe(self.tools)
 

@@ -4,7 +4,8 @@
 checking the arguments against the entry's schema. Every schema has one shape (`_tool`): an object of
 the named properties and nothing else, answered by any object. The review queue's entries are offered
 only with `[review] expose_to_agent = true` (`offered`). A guarded upstream tool is listed as the
-upstream declares it, plus `allow_duplicate` (`listed_as_guarded`).
+upstream declares it, plus `allow_duplicate` and, for an upstream that takes no key, hail-guard's own
+`idempotency_key` (`listed_as_guarded`).
 
 A handler works with the proxy that serves it, seen as a `Host`: the ledger, the guard, the batches
 and the upstream. It returns the MCP result (`views`); an error it raises is answered by the server.
@@ -25,6 +26,7 @@ from hail_guard.guard import ALLOW_DUPLICATE, Guard, UpstreamCaller
 from hail_guard.ledger import Ledger, find_operation
 from hail_guard.models import SUPPRESSION_CHANNELS, Operation, State, Suppression
 from hail_guard.policy import REVIEW_RESOLUTIONS
+from hail_guard.profiles import KEY_FIELD, ToolSpec
 
 READS = types.ToolAnnotations(read_only_hint=True, idempotent_hint=True)
 SETTLES = types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True)
@@ -40,6 +42,15 @@ _ALLOW_DUPLICATE_SCHEMA = {
     "description": (
         "hail-guard: only when the user explicitly asked for a second copy of a message that was already "
         "delivered (default false). Never to retry: a retry is recognised and answered from the ledger."
+    ),
+}
+_OWN_KEY_SCHEMA = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 255,
+    "description": (
+        "hail-guard: your own idempotency key for this send (optional; hail-guard derives one). The upstream "
+        "takes no key: hail-guard records it and never forwards it."
     ),
 }
 
@@ -94,13 +105,19 @@ def _tool(
     )
 
 
-def listed_as_guarded(tool: types.Tool) -> types.Tool:
-    """A guarded upstream tool as the agent sees it: as declared, and taking `allow_duplicate`."""
+def listed_as_guarded(tool: types.Tool, spec: ToolSpec) -> types.Tool:
+    """A guarded upstream tool as the agent sees it: as declared, taking `allow_duplicate`, and (where the
+    upstream takes no key) hail-guard's own `idempotency_key`."""
     properties = tool.input_schema.get("properties")
-    if not isinstance(properties, dict) or ALLOW_DUPLICATE in properties:
+    if not isinstance(properties, dict):
         return tool
-    schema = {**tool.input_schema, "properties": {**properties, ALLOW_DUPLICATE: _ALLOW_DUPLICATE_SCHEMA}}
-    return tool.model_copy(update={"input_schema": schema})
+    added: dict[str, object] = {ALLOW_DUPLICATE: _ALLOW_DUPLICATE_SCHEMA}
+    if not spec.forwards_key:
+        added[KEY_FIELD] = _OWN_KEY_SCHEMA
+    added = {name: schema for name, schema in added.items() if name not in properties}
+    if not added:
+        return tool
+    return tool.model_copy(update={"input_schema": {**tool.input_schema, "properties": {**properties, **added}}})
 
 
 # --- the handlers --------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 A `Tracker` runs beside `serve` and `worker` (`app.tracking`, `[delivery] poll`). Each round it
 claims the operations that are due (held, so another process's tracker skips them), reads each one
-back with `get_email` / `get_sms` / `get_call` through the upstream (never the guard: nothing is
-sent), and records what the record says (`delivery.observations_of_record`). An operation is checked
+back with its profile's lookup (Hail's `get_email` / `get_sms` / `get_call`, whose lookups say
+`delivery`) through the upstream (never the guard: nothing is sent), and records what the record says
+(`delivery.observations_of_record`). An operation is checked
 again after a wait that starts at the poll interval and grows by `backoff_factor` up to
 `max_backoff_seconds`, until its delivery settles or it is older than `max_age_hours`.
 
@@ -15,17 +16,18 @@ a failure never stops the server it runs in: it is logged and the next round tri
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
 import structlog
 
-from hail_guard import delivery
+from hail_guard import delivery, pointers, profiles
 from hail_guard.errors import HailGuardError, UpstreamError, UpstreamUnavailable
-from hail_guard.guard import UpstreamCaller, payload_of
+from hail_guard.guard import UpstreamCaller, text_of
 from hail_guard.ledger import Ledger
 from hail_guard.models import Operation
+from hail_guard.profiles import Profile
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +46,8 @@ class TrackerSettings:
     batch_size: int = 50
     timeout_seconds: float = 45.0
     """Per lookup."""
+    profile: Profile = field(default_factory=profiles.hail)
+    """Which tools' sends are polled, and with which lookup (those that say `delivery`)."""
 
     @property
     def hold_seconds(self) -> float:
@@ -83,7 +87,7 @@ class Tracker:
         checked = 0
         try:
             due = await self.ledger.claim_delivery_checks(
-                channels=list(delivery.LOOKUP_TOOLS),
+                channels=self.settings.profile.delivery_channels(),
                 max_age_seconds=self.settings.max_age_hours * 3600.0,
                 hold_seconds=self.settings.hold_seconds,
                 limit=self.settings.batch_size,
@@ -105,23 +109,29 @@ class Tracker:
             await self._round_done.wait()
 
     async def _check(self, operation: Operation) -> bool:
-        """Read one message back and record it; False when Hail cannot be reached (the round ends)."""
-        tool, id_field = delivery.LOOKUP_TOOLS[operation.channel]
+        """Read one message back and record it; False when the upstream cannot be reached (the round ends)."""
+        lookup = self.settings.profile.spec(operation.tool).lookup
+        if lookup is None or not lookup.delivery:  # another tool on a polled channel: look again much later
+            await self.ledger.record_delivery(operation.id, [], next_check_seconds=self.settings.max_backoff_seconds)
+            return True
+        arguments = profiles.read_arguments(
+            lookup.arguments, operation.arguments(), provider_id=operation.provider_id, since=operation.created_at
+        ).arguments
+        tool = lookup.tool
         try:
-            result = await self.upstream.call_tool(
-                tool, {id_field: operation.provider_id}, timeout_seconds=self.settings.timeout_seconds
-            )
+            result = await self.upstream.call_tool(tool, arguments, timeout_seconds=self.settings.timeout_seconds)
         except UpstreamUnavailable as exc:
             log.warning("delivery_check_unavailable", error=str(exc))
             return False  # the held checks come due again when the hold runs out
         except UpstreamError as exc:
             log.warning("delivery_check_failed", operation_id=operation.id, tool=tool, error=str(exc))
             return True
-        record = payload_of(result)
-        if record is None or "error" in record or result.is_error:
+        record = profiles.read_answer(result.structured_content, text_of(result), lookup.answer_text)
+        error = self.settings.profile.data.answers.error
+        if record is None or result.is_error or (error is not None and pointers.present(record, error)):
             log.warning("delivery_check_unanswered", operation_id=operation.id, tool=tool, answer=str(record)[:200])
             record = {}
-        observations = delivery.observations_of_record(operation.channel, record)
+        observations = delivery.observations_of_record(operation.channel, record, detail=tool)
         wait = self.settings.wait_after(operation.delivery_checks)
         updated = await self.ledger.record_delivery(operation.id, observations, next_check_seconds=wait)
         if updated.delivery_state != operation.delivery_state:

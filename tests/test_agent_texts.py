@@ -17,6 +17,7 @@ from hail_guard import keys, policy
 from hail_guard.errors import HailGuardError
 from hail_guard.guard import SendReport
 from hail_guard.models import Intent, Operation, State
+from hail_guard.profiles import hail
 from hail_guard.server import _send_result
 from hail_guard.upstream import map_error
 from tests.conftest import text
@@ -37,7 +38,7 @@ def operation(state: State, **changes: object) -> Operation:
         "recipients": ["ada@example.com"],
         "request": text_,
         "request_fingerprint": keys.fingerprint(text_),
-        "content_fingerprint": keys.content_fingerprint("send_email", REQUEST),
+        "content_fingerprint": keys.content_fingerprint(hail().spec("send_email"), REQUEST),
         "state": state,
         "created_at": NOW,
         "updated_at": NOW,
@@ -62,7 +63,7 @@ def intent(**changes: object) -> Intent:
         "recipients": ("ada@example.com", "bob@example.com"),
         "request": "{}",
         "request_fingerprint": "r",
-        "content_fingerprint": keys.content_fingerprint("send_email", REQUEST),
+        "content_fingerprint": keys.content_fingerprint(hail().spec("send_email"), REQUEST),
     }
     return Intent.model_validate({**values, **changes})
 
@@ -112,7 +113,11 @@ def refusals() -> dict[str, tuple[str, Operation | None]]:
             earlier,
         )
         found[f"a changed message under the key of {name}"] = (
-            str(policy.key_conflict(earlier, intent(idempotency_key="k1"), {**REQUEST, "subject": "Other"})),
+            str(
+                policy.key_conflict(
+                    hail().spec("send_email"), earlier, intent(idempotency_key="k1"), {**REQUEST, "subject": "Other"}
+                )
+            ),
             earlier,
         )
         found[f"a batch repeating {name}"] = (
@@ -129,7 +134,9 @@ def refusals() -> dict[str, tuple[str, Operation | None]]:
         None,
     )
     found["a resend of a message Hail has"] = (
-        str(policy.found_in_upstream(OPERATIONS["needs_review"], {"id": "e-1", "status": "sent"}, "list_emails")),
+        str(
+            policy.found_in_upstream(OPERATIONS["needs_review"], {"id": "e-1", "status": "sent"}, "list_emails", "e-1")
+        ),
         OPERATIONS["needs_review"],
     )
     found["a review decision on an operation not in review"] = (

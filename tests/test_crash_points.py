@@ -39,6 +39,7 @@ from mcp import Client, types
 from hail_guard import crashpoints, keys
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.models import Event, Operation, State
+from hail_guard.profiles import hail
 from hail_guard.sandbox import SMS_CARRIER_REFUSED
 from tests import forked
 from tests.postgres import PostgresServer
@@ -97,7 +98,7 @@ class LogicalSend:
 
     @property
     def key(self) -> str:
-        return keys.derive_key(self.tool, dict(self.arguments), None)
+        return keys.derive_key(hail().spec(self.tool), dict(self.arguments), None)
 
 
 @dataclass

@@ -335,7 +335,7 @@ def gateway_error_taken_as_failed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def retries_compared_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
     """13: a message's fingerprint is its exact form (as before retries were recognised by meaning)."""
-    exact = lambda tool, arguments: keys.fingerprint(keys.canonical_json({"tool": tool, **arguments}))  # noqa: E731
+    exact = lambda spec, arguments: keys.fingerprint(keys.canonical_json({"tool": spec.name, **arguments}))  # noqa: E731
     monkeypatch.setattr(keys, "content_fingerprint", exact)
 
 

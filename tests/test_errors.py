@@ -23,6 +23,7 @@ from hail_guard.errors import (
 )
 from hail_guard.models import State
 from hail_guard.policy import LEDGER_UNAVAILABLE
+from hail_guard.profiles import hail
 
 CONSENTED = {"properties": {"recipient_consent": {"type": "boolean"}}}
 USAGE_ERRORS: dict[str, Callable[[], Any]] = {
@@ -32,13 +33,15 @@ USAGE_ERRORS: dict[str, Callable[[], Any]] = {
     "a number JSON cannot hold": lambda: keys.canonical_json({"n": float("nan")}),
     "an address that cannot be read": lambda: recipients.normalise_recipient("not an address", "email"),
     "arguments the schema refuses": lambda: policy.validate_arguments("t", {"to": 1}, {"required": ["subject"]}),
-    "a number Hail refuses": lambda: policy.check_hail_rules("send_sms", {"to": "555-0100", "body": "b"}),
+    "a number Hail refuses": lambda: policy.check_rules(hail().spec("send_sms"), {"to": "555-0100", "body": "b"}, {}),
     "a review resolved as ready": lambda: policy.check_review_decision(State.READY, "why"),
     "a review decision without a reason": lambda: policy.check_review_decision(State.FAILED, " "),
     "prune without an age": lambda: policy.prune_age_seconds(None, key_retention_hours=24),
 }
 RULES: dict[str, Callable[[], Any]] = {
-    "consent that is not true": lambda: policy.check_consent(CONSENTED, {"recipient_consent": "yes"}),
+    "consent that is not true": lambda: policy.check_rules(
+        hail().spec("acquire_number"), {"recipient_consent": "yes"}, CONSENTED
+    ),
     "prune inside Hail's key retention": lambda: policy.prune_age_seconds(0.5, key_retention_hours=24),
 }
 

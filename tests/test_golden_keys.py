@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from hail_guard import keys
+from hail_guard.profiles import hail
 
 GOLDEN: dict[str, tuple[str, dict[str, Any], str, str, str]] = {
     # name: (tool, arguments, key, stored canonical request, its fingerprint)
@@ -140,7 +141,7 @@ GOLDEN: dict[str, tuple[str, dict[str, Any], str, str, str]] = {
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_a_request_gets_the_key_it_always_got(name: str) -> None:
     tool, arguments, key, _, _ = GOLDEN[name]
-    assert keys.derive_key(tool, arguments) == key
+    assert keys.derive_key(hail().spec(tool), arguments) == key
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
@@ -153,7 +154,7 @@ def test_the_stored_request_is_the_same_bytes_as_always(name: str) -> None:
 
 def test_a_template_key_is_the_same_as_always() -> None:
     _, arguments, _, _, _ = GOLDEN["email_campaign"]
-    key = keys.derive_key("send_email", arguments, "{metadata.campaign_id}/{channel}/{tool}/{subject}")
+    key = keys.derive_key(hail().spec("send_email"), arguments, "{metadata.campaign_id}/{channel}/{tool}/{subject}")
     assert key == "spring/email/send_email/Hello"
 
 

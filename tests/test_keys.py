@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from hail_guard import keys
 from hail_guard.errors import BadInput, ConfigError
+from hail_guard.profiles import hail
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
@@ -46,9 +47,9 @@ def test_canonical_json_refuses_non_finite_numbers(bad: float) -> None:
 def test_content_key_is_deterministic_and_names_the_channel(value: dict[str, Any], tool: str) -> None:
     value.pop("idempotency_key", None)
     value.pop("metadata", None)
-    key = keys.derive_key(tool, value)
-    assert key == keys.derive_key(tool, dict(reversed(list(value.items()))))
-    assert key.startswith(f"hg:{keys.channel_of(tool)}:")
+    key = keys.derive_key(hail().spec(tool), value)
+    assert key == keys.derive_key(hail().spec(tool), dict(reversed(list(value.items()))))
+    assert key.startswith(f"hg:{hail().spec(tool).channel}:")
 
 
 @given(json_objects, json_objects)
@@ -57,42 +58,42 @@ def test_different_requests_get_different_content_keys(a: dict[str, Any], b: dic
         value.pop("idempotency_key", None)
         value.pop("metadata", None)
     if keys.canonical_json(a) != keys.canonical_json(b):
-        assert keys.derive_key("send_email", a) != keys.derive_key("send_email", b)
+        assert keys.derive_key(hail().spec("send_email"), a) != keys.derive_key(hail().spec("send_email"), b)
 
 
 def test_the_same_content_on_two_channels_gets_two_keys() -> None:
     args = {"to": "+15550100", "body": "hi"}
-    assert keys.derive_key("send_sms", args) != keys.derive_key("place_call", args)
+    assert keys.derive_key(hail().spec("send_sms"), args) != keys.derive_key(hail().spec("place_call"), args)
 
 
 def test_metadata_ids_make_the_documented_key() -> None:
     args = {"metadata": {"campaign_id": "campaign_042", "lead_id": "lead_018", "message_id": "intro"}}
-    assert keys.derive_key("send_email", args) == "campaign_042:lead_018:email:intro"
+    assert keys.derive_key(hail().spec("send_email"), args) == "campaign_042:lead_018:email:intro"
 
 
 def test_partial_metadata_falls_back_to_the_content_key() -> None:
     args = {"to": ["a@example.com"], "metadata": {"campaign_id": "c1", "lead_id": "l1"}}
-    assert keys.derive_key("send_email", args).startswith("hg:email:")
+    assert keys.derive_key(hail().spec("send_email"), args).startswith("hg:email:")
 
 
 def test_a_callers_key_is_used_as_is() -> None:
-    assert keys.derive_key("send_email", {"idempotency_key": "mine-1", "metadata": {}}) == "mine-1"
+    assert keys.derive_key(hail().spec("send_email"), {"idempotency_key": "mine-1", "metadata": {}}) == "mine-1"
 
 
 @pytest.mark.parametrize("bad", ["", "   ", "has space", "tab\there", "x" * 256, 17, None])
 def test_bad_caller_keys_are_refused_with_what_to_do(bad: object) -> None:
     with pytest.raises(BadInput, match="idempotency_key"):
-        keys.derive_key("send_email", {"idempotency_key": bad})
+        keys.derive_key(hail().spec("send_email"), {"idempotency_key": bad})
 
 
 def test_a_configured_template_fills_from_arguments_and_metadata() -> None:
     args = {"to": "+15550100", "metadata": {"lead": "L7"}}
-    assert keys.derive_key("send_sms", args, "{metadata.lead}:{channel}:{to}") == "L7:sms:+15550100"
+    assert keys.derive_key(hail().spec("send_sms"), args, "{metadata.lead}:{channel}:{to}") == "L7:sms:+15550100"
 
 
 def test_a_template_that_cannot_be_filled_names_what_is_missing() -> None:
     with pytest.raises(BadInput, match=r"missing metadata\.lead.*idempotency_key"):
-        keys.derive_key("send_sms", {"to": "+15550100"}, "{metadata.lead}:{channel}")
+        keys.derive_key(hail().spec("send_sms"), {"to": "+15550100"}, "{metadata.lead}:{channel}")
 
 
 @pytest.mark.parametrize("template", ["static", "{", "{a!r}x{", "{0}", "{metadata.}"])
@@ -105,8 +106,12 @@ def test_content_fingerprint_ignores_key_and_metadata_but_not_the_message() -> N
     base = {"to": ["a@example.com"], "subject": "Hi", "body_text": "Hello"}
     same = {**base, "idempotency_key": "k2", "metadata": {"x": 1}, "allow_duplicate": True}
     changed = {**base, "body_text": "Hello!"}
-    assert keys.content_fingerprint("send_email", base) == keys.content_fingerprint("send_email", same)
-    assert keys.content_fingerprint("send_email", base) != keys.content_fingerprint("send_email", changed)
+    assert keys.content_fingerprint(hail().spec("send_email"), base) == keys.content_fingerprint(
+        hail().spec("send_email"), same
+    )
+    assert keys.content_fingerprint(hail().spec("send_email"), base) != keys.content_fingerprint(
+        hail().spec("send_email"), changed
+    )
 
 
 def test_canonical_json_refuses_what_it_cannot_write() -> None:

@@ -25,6 +25,7 @@ from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.ledger import postgres as postgres_ledger
 from hail_guard.ledger import sqlite as sqlite_ledger
 from hail_guard.models import DeliveryObservation, DeliveryState, Intent, Outcome, State
+from hail_guard.profiles import hail
 from tests.postgres import PostgresServer
 
 CC_SEND = {
@@ -127,7 +128,7 @@ async def _upgraded_rows_follow_the_new_rules(ledger: Ledger) -> None:
     email = await ledger.find_by_key("old:ada:email:intro")
     assert email is not None
     assert email.recipients == ["ada@example.com", "élodie@example.com"]
-    assert email.content_fingerprint == keys.content_fingerprint("send_email", CC_SEND)
+    assert email.content_fingerprint == keys.content_fingerprint(hail().spec("send_email"), CC_SEND)
     assert email.sender == {}
     opt_outs = {(s.recipient, s.channel) for s in await ledger.list_suppressions()}
     assert opt_outs == {("+14155550190", "sms"), ("élodie@example.com", "email"), ("ada@example.com", "all")}
@@ -142,7 +143,7 @@ async def _upgraded_rows_follow_the_new_rules(ledger: Ledger) -> None:
         recipients=("ada@example.com", "élodie@example.com"),
         request=text,
         request_fingerprint=keys.fingerprint(text),
-        content_fingerprint=keys.content_fingerprint("send_email", retry),
+        content_fingerprint=keys.content_fingerprint(hail().spec("send_email"), retry),
     )
     with pytest.raises(Suppressed):  # Élodie (in cc) opted out
         await ledger.begin_send(intent, owner="w", lease_seconds=60, duplicate_window_seconds=3600)

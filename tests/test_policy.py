@@ -8,6 +8,7 @@ import pytest
 from hail_guard import policy
 from hail_guard.errors import BadInput, RefusedByPolicy
 from hail_guard.models import Answer, AnswerKind, Operation, State
+from hail_guard.profiles import hail
 
 EMAIL_REQUEST = {"to": ["lead@example.com"], "subject": "Hi", "body_text": "Hello", "recipient_consent": True}
 CONSENT_422 = (
@@ -20,7 +21,7 @@ MARKETING_422 = (
 
 
 def classify_error(text: str, tool: str = "send_email") -> Answer:
-    return policy.classify(tool, is_error=False, payload={"error": text}, text="", request=EMAIL_REQUEST)
+    return policy.classify(hail().spec(tool), is_error=False, payload={"error": text}, text="", request=EMAIL_REQUEST)
 
 
 @pytest.mark.parametrize(
@@ -65,19 +66,23 @@ def test_the_same_503_text_on_email_is_not_trusted_to_have_released_anything() -
 
 def test_a_record_with_id_and_status_is_accepted() -> None:
     payload = {"id": "e-1", "status": "sent", "idempotency_key": "k"}
-    answer = policy.classify("send_email", is_error=False, payload=payload, text="", request=EMAIL_REQUEST)
+    answer = policy.classify(hail().spec("send_email"), is_error=False, payload=payload, text="", request=EMAIL_REQUEST)
     assert (answer.kind, answer.provider_id) == (AnswerKind.ACCEPTED, "e-1")
 
 
 def test_an_sms_the_carrier_refused_is_failed_with_its_id() -> None:
     payload = {"id": "s-1", "status": "failed", "error_code": "30006"}
-    answer = policy.classify("send_sms", is_error=False, payload=payload, text="", request={"to": "+1"})
+    answer = policy.classify(hail().spec("send_sms"), is_error=False, payload=payload, text="", request={"to": "+1"})
     assert (answer.kind, answer.provider_id) == (AnswerKind.REFUSED, "s-1")
 
 
 def test_the_json_text_is_read_when_there_is_no_structured_content() -> None:
     answer = policy.classify(
-        "send_email", is_error=False, payload=None, text='{"id": "e-2", "status": "sent"}', request=EMAIL_REQUEST
+        hail().spec("send_email"),
+        is_error=False,
+        payload=None,
+        text='{"id": "e-2", "status": "sent"}',
+        request=EMAIL_REQUEST,
     )
     assert answer.kind is AnswerKind.ACCEPTED
 
@@ -94,7 +99,9 @@ def test_the_json_text_is_read_when_there_is_no_structured_content() -> None:
 def test_errors_and_malformed_answers_are_lost_not_sent_or_unsent(
     is_error: bool, payload: dict[str, Any] | None, text: str
 ) -> None:
-    answer = policy.classify("send_email", is_error=is_error, payload=payload, text=text, request=EMAIL_REQUEST)
+    answer = policy.classify(
+        hail().spec("send_email"), is_error=is_error, payload=payload, text=text, request=EMAIL_REQUEST
+    )
     assert answer.kind is AnswerKind.LOST
 
 
@@ -203,13 +210,21 @@ SCHEMA = {"type": "object", "properties": {"recipient_consent": {"type": "boolea
 @pytest.mark.parametrize("consent", ["yes", "true", 1, False, None])
 def test_consent_must_be_the_json_boolean_true(consent: object) -> None:
     with pytest.raises(RefusedByPolicy, match="recipient_consent must be the JSON boolean true"):
-        policy.check_consent(SCHEMA, {"recipient_consent": consent})
+        policy.check_rules(hail().spec("acquire_number"), {"recipient_consent": consent}, SCHEMA)
 
 
 def test_marketing_needs_a_consent_source() -> None:
     with pytest.raises(RefusedByPolicy, match="consent_source"):
-        policy.check_consent(SCHEMA, {"recipient_consent": True, "message_type": "marketing", "consent_source": " "})
-    policy.check_consent(SCHEMA, {"recipient_consent": True, "message_type": "marketing", "consent_source": "form"})
+        policy.check_rules(
+            hail().spec("acquire_number"),
+            {"recipient_consent": True, "message_type": "marketing", "consent_source": " "},
+            SCHEMA,
+        )
+    policy.check_rules(
+        hail().spec("acquire_number"),
+        {"recipient_consent": True, "message_type": "marketing", "consent_source": "form"},
+        SCHEMA,
+    )
 
 
 def test_invalid_arguments_name_the_field() -> None:
@@ -226,8 +241,8 @@ def test_differing_fields_are_named_by_path() -> None:
 
 def test_tools_taking_a_key_are_guarded_unless_configured() -> None:
     schemas = {"send_email": {"properties": {"idempotency_key": {}}}, "whoami": {"properties": {}}}
-    assert policy.guarded_tool_names(schemas, None) == {"send_email"}
-    assert policy.guarded_tool_names(schemas, ["whoami"]) == {"whoami"}
+    assert hail().guarded(schemas, None) == {"send_email"}
+    assert hail().guarded(schemas, ["whoami"]) == {"whoami"}
 
 
 @pytest.mark.parametrize(
@@ -245,13 +260,13 @@ def test_hails_own_pre_send_rules_are_checked_before_recording(
     tool: str, arguments: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(BadInput, match=message):
-        policy.check_hail_rules(tool, arguments)
+        policy.check_rules(hail().spec(tool), arguments, {})
 
 
 def test_valid_sends_pass_hails_rules() -> None:
-    policy.check_hail_rules("send_email", {"to": ["a@x"], "subject": "s", "body_text": "b"})
-    policy.check_hail_rules("send_sms", {"to": "+15550100", "body": "b"})
-    policy.check_hail_rules("place_call", {"to": "+15550100", "agent_id": "a1"})
+    policy.check_rules(hail().spec("send_email"), {"to": ["a@x"], "subject": "s", "body_text": "b"}, {})
+    policy.check_rules(hail().spec("send_sms"), {"to": "+15550100", "body": "b"}, {})
+    policy.check_rules(hail().spec("place_call"), {"to": "+15550100", "agent_id": "a1"}, {})
 
 
 def test_a_rate_limit_without_a_wait_waits_the_default() -> None:

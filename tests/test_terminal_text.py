@@ -24,6 +24,7 @@ from hail_guard.drill import DrillOptions, DrillReport, ScenarioResult
 from hail_guard.guard import claim_token
 from hail_guard.ledger import open_ledger
 from hail_guard.models import Intent, Outcome, State, Suppression
+from hail_guard.profiles import hail
 
 MARKUP = "[/]"
 OSC = "\x1b]0;OWNED\x07"
@@ -60,7 +61,7 @@ def intent(key: str, index: int) -> Intent:
         recipients=RECIPIENTS,
         request=text,
         request_fingerprint=keys.fingerprint(text),
-        content_fingerprint=keys.content_fingerprint("send_email", arguments),
+        content_fingerprint=keys.content_fingerprint(hail().spec("send_email"), arguments),
         campaign_id=BATCH_NAME,
         batch_id="batch-hostile",
     )

@@ -143,7 +143,7 @@ async def _backup(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _prune(args: argparse.Namespace, settings: Settings) -> int:
-    seconds = policy.prune_age_seconds(args.older_than, key_retention_hours=settings.upstream.key_retention_hours)
+    seconds = policy.prune_age_seconds(args.older_than, key_retention_hours=app.key_retention_hours(settings))
     async with app.open_ledger_from(settings) as ledger:
         report = await ledger.prune(older_than_seconds=seconds)
     print(

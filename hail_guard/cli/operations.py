@@ -323,9 +323,11 @@ async def _review_resend(args: argparse.Namespace, settings: Settings) -> int:
             raise policy.not_in_review(operation, "resent")
         await proxy.upstream.wait_connected()
         seen = await proxy.guard.look_for(operation)
-        print(f"looked in Hail ({seen.searched}): {terminal_text(_sighting_text(seen))}", file=sys.stderr)
-        if seen.record is not None:
-            raise policy.found_in_upstream(operation, seen.record, seen.searched)
+        print(
+            f"looked upstream ({terminal_text(seen.searched)}): {terminal_text(_sighting_text(seen))}", file=sys.stderr
+        )
+        if seen.sighted is not None:
+            raise policy.found_in_upstream(operation, seen.sighted.record, seen.searched, seen.sighted.provider_id)
         if not args.yes and not await _confirm_resend(operation):
             print("nothing was resent", file=sys.stderr)
             return 1
@@ -339,8 +341,8 @@ async def _review_resend(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _sighting_text(seen: Any) -> str:
-    if seen.record is not None:
-        return f"found {seen.record.get('id')} (status {seen.record.get('status')})"
+    if seen.sighted is not None:
+        return f"found {seen.sighted.provider_id} (status {seen.sighted.record.get('status')})"
     return "no such message" if seen.complete else "there is no way to look, so not finding it proves nothing"
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from hail_guard import keys, recipients
+from hail_guard import keys, profiles, recipients
 
 PAGE = 1000
 """Rows recomputed per round of a migration."""
@@ -34,6 +34,7 @@ class Facts:
 
 def facts(tool: str, channel: str, request: str) -> Facts:
     arguments: dict[str, Any] = json.loads(request)
+    spec = profiles.hail().spec(tool)  # the rows it backfills were all written in front of Hail
     reached: dict[str, None] = {}
     for name in recipients.RECIPIENT_FIELDS:
         value = arguments.get(name)
@@ -43,8 +44,8 @@ def facts(tool: str, channel: str, request: str) -> Facts:
     return Facts(
         recipients=list(reached),
         recipient_keys=recipients.keys_of(reached),
-        content_fingerprint=keys.content_fingerprint(tool, arguments),
-        sender=keys.canonical_json(keys.sender_of(channel, arguments)),
+        content_fingerprint=keys.content_fingerprint(spec, arguments),
+        sender=keys.canonical_json(keys.sender_of(spec, arguments)),
     )
 
 

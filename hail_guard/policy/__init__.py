@@ -1,15 +1,17 @@
 """Pure decisions: what Hail's answer means, what state follows, what is refused up front, what an agent
 is told. No I/O anywhere in the package; every other part of hail-guard asks here.
 
-- `outcomes`: Hail's answers classified, the state that follows a first attempt or a replay, reconcile's
-  next step (DESIGN.md, classification and reconcile).
-- `arguments`: what a send's arguments must be before anything is recorded (schema, Hail's own rules,
-  consent), and which tools are guarded.
-- `repeats`: retry by meaning: whether a send repeats one the ledger holds, and the refusals that say so.
+- `outcomes`: an upstream's answers classified by its profile, the state that follows a first attempt or a
+  replay, reconcile's next step (DESIGN.md, classification and reconcile).
+- `arguments`: what a send's arguments must be before anything is recorded (the schema, the profile's
+  rules: Hail's own, consent).
+- `repeats`: retry by meaning: whether a send repeats one the ledger holds, and the refusals that say so;
+  whether a message an upstream lists is an operation's (`sighting`).
 - `answers`: what an agent is told: states in words, the one next step, headlines, every failure.
 - `operator`: review resolutions, resends, opt-outs and pruning, and the texts they write.
 
-`repeats` words its refusals with `answers`; the others stand alone. Callers use the names below.
+`repeats` words its refusals with `answers`; the others stand alone. Each reads the tool's profile
+(`hail_guard.profiles.ToolSpec`) where the upstream's contract matters. Callers use the names below.
 """
 
 from __future__ import annotations
@@ -25,10 +27,8 @@ from hail_guard.policy.answers import (
     state_phrase,
 )
 from hail_guard.policy.arguments import (
-    check_consent,
-    check_hail_rules,
+    check_rules,
     differing_fields,
-    guarded_tool_names,
     validate_arguments,
 )
 from hail_guard.policy.operator import (
@@ -47,6 +47,7 @@ from hail_guard.policy.operator import (
 from hail_guard.policy.outcomes import (
     CHECK_AGAIN_SECONDS,
     DEFAULT_RETRY_AFTER_SECONDS,
+    NO_KEY,
     RETENTION_MARGIN_SECONDS,
     ReconcilePlan,
     ReconcileStep,
@@ -61,10 +62,10 @@ from hail_guard.policy.outcomes import (
 )
 from hail_guard.policy.repeats import (
     SIGHTING_MARGIN_SECONDS,
+    Sighted,
     already_planned,
     blocking_states,
     blocks,
-    first_recipient_as_sent,
     key_conflict,
     meaning_differences,
     repeat_of,
@@ -79,6 +80,7 @@ __all__ = [
     "CRASHED",
     "DEFAULT_RETRY_AFTER_SECONDS",
     "LEDGER_UNAVAILABLE",
+    "NO_KEY",
     "RETENTION_MARGIN_SECONDS",
     "REVIEW_RESOLUTIONS",
     "SIGHTING_MARGIN_SECONDS",
@@ -87,19 +89,17 @@ __all__ = [
     "ReconcilePlan",
     "ReconcileStep",
     "ResendTexts",
+    "Sighted",
     "already_planned",
     "blocking_states",
     "blocks",
-    "check_consent",
-    "check_hail_rules",
     "check_review_decision",
+    "check_rules",
     "classify",
     "declared_fields",
     "differing_fields",
     "failure_of",
-    "first_recipient_as_sent",
     "found_in_upstream",
-    "guarded_tool_names",
     "headline",
     "key_conflict",
     "lookup_failed",

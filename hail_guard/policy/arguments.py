@@ -1,5 +1,5 @@
-"""What a send's arguments must be before anything is recorded: the tool's schema, Hail's own
-pre-send rules, consent; and which tools are guarded at all.
+"""What a send's arguments must be before anything is recorded: the tool's schema, and the argument rules
+of its profile (Hail's own pre-send rules and its strict consent live in the `hail` profile).
 
 A refusal here records nothing and keeps the key free for the corrected request: `BadInput` for a
 value that cannot be used, `RefusedByPolicy` for a send without the consent it needs.
@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import jsonschema
 
-from hail_guard import nesting
+from hail_guard import nesting, pointers
 from hail_guard.errors import (
     BadInput,
     RefusedByPolicy,
 )
+from hail_guard.profiles import Rule, ToolSpec
 
 
 def validate_arguments(tool: str, arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> None:
@@ -36,58 +37,60 @@ def validate_arguments(tool: str, arguments: Mapping[str, Any], schema: Mapping[
         )
 
 
-_E164 = re.compile(r"^\+[1-9]\d{1,14}$")
-_TEXT_LIMITS = {("send_email", "subject"): 998, ("send_sms", "body"): 1600}
+def check_rules(spec: ToolSpec, arguments: Mapping[str, Any], tool_schema: Mapping[str, Any]) -> None:
+    """The profile's argument rules for this tool, in order (its own, then the profile's): the first one
+    broken is refused, before anything is recorded, so the key stays free for the corrected request.
 
-
-def check_hail_rules(tool: str, arguments: Mapping[str, Any]) -> None:
-    """Hail's own pre-send checks (HAIL_CONTRACT.md, sends), made here so a refusal records nothing.
-
-    Hail's tool layer refuses these before its API sees them, so no key is consumed upstream;
-    checking first keeps our key free too, for the corrected request.
+    The upstream's tool layer refuses these before its API sees them (Hail's), or hail-guard is stricter than
+    the upstream is (Hail's consent): checking first keeps our key free, and nothing reaches the upstream.
     """
-    problem = _hail_rule_problem(tool, arguments)
-    if problem is not None:
-        raise BadInput(f"invalid arguments for {tool}: {problem}; fix it and call again (nothing was recorded)")
+    for rule in spec.rules:
+        problem = _broken(rule, arguments, tool_schema)
+        if problem is None:
+            continue
+        if rule.refusal == "policy":
+            raise RefusedByPolicy(problem)
+        raise BadInput(f"invalid arguments for {spec.name}: {problem}; fix it and call again (nothing was recorded)")
 
 
-def _hail_rule_problem(tool: str, arguments: Mapping[str, Any]) -> str | None:
-    for (limited_tool, name), most in _TEXT_LIMITS.items():
-        value = arguments.get(name)
-        if tool == limited_tool and isinstance(value, str) and not 1 <= len(value) <= most:
-            return f"{name}: must be 1 to {most} characters (got {len(value)})"
-    if tool == "send_email":
-        if not arguments.get("to"):
-            return "to: give at least one recipient address"
-        if not any(isinstance(arguments.get(f), str) and arguments[f].strip() for f in ("body_text", "body_html")):
-            return "body_text or body_html: give at least one non-empty body"
-    if tool in ("send_sms", "place_call"):
-        to = arguments.get("to")
-        if isinstance(to, str) and not _E164.match(to):
-            return f"to: {to!r} is not an E.164 number such as +14155551234"
-    if tool == "place_call" and not any(arguments.get(f) for f in ("system_prompt", "llm", "agent_id")):
-        return "give one of system_prompt, llm or agent_id"
-    return None
+def _broken(rule: Rule, arguments: Mapping[str, Any], tool_schema: Mapping[str, Any]) -> str | None:
+    """The rule's message when `arguments` break it, else None."""
+    if any(_canonical(pointers.resolve(arguments, name)) != _canonical(value) for name, value in rule.when.items()):
+        return None
+    if rule.one_of is not None:
+        given = [pointers.resolve(arguments, pointer) for pointer in rule.one_of]
+        return None if any(_given(value, text=rule.text) for value in given) else rule.message
+    field = rule.field or ""
+    value = pointers.resolve(arguments, field)
+    if rule.when_declared and not (pointers.present(arguments, field) or _declares(tool_schema, field)):
+        return None
+    if rule.equals is not None:
+        broken = _canonical(value) != _canonical(rule.equals)
+    elif rule.length is not None:
+        broken = isinstance(value, str) and not rule.length[0] <= len(value) <= rule.length[1]
+    elif rule.pattern is not None:
+        broken = isinstance(value, str) and re.match(rule.pattern, value) is None
+    else:
+        broken = not _given(value, text=rule.text)
+    if not broken:
+        return None
+    length = len(value) if isinstance(value, str | list | dict) else 0
+    return rule.message.format(field=pointers.shown(field), got=json.dumps(value), shown=repr(value), length=length)
 
 
-def check_consent(tool_schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> None:
-    """`recipient_consent` must be the JSON boolean true; marketing needs a consent source."""
-    properties = tool_schema.get("properties")
-    declares_consent = isinstance(properties, Mapping) and "recipient_consent" in properties
-    if declares_consent or "recipient_consent" in arguments:
-        consent = arguments.get("recipient_consent")
-        if consent is not True:
-            raise RefusedByPolicy(
-                f"recipient_consent must be the JSON boolean true (got {json.dumps(consent)}); "
-                "send only to recipients who consented, and pass recipient_consent: true"
-            )
-    if arguments.get("message_type") == "marketing":
-        source = arguments.get("consent_source")
-        if not isinstance(source, str) or not source.strip():
-            raise RefusedByPolicy(
-                "marketing sends need a non-empty consent_source saying where the recipient's consent "
-                "came from (e.g. 'signup form 2026-03-01')"
-            )
+def _given(value: object, *, text: bool) -> bool:
+    """Something is given: any truthy value, or (`text`) a text with something besides whitespace."""
+    return isinstance(value, str) and bool(value.strip()) if text else bool(value)
+
+
+def _declares(schema: Mapping[str, Any], pointer: str) -> bool:
+    found = pointers.schema_at(schema, pointer)
+    return bool(found) and found != [schema]
+
+
+def _canonical(value: object) -> str:
+    """JSON equality with types kept apart (`true` is not `1`)."""
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def differing_fields(old: Any, new: Any, path: str = "") -> list[str]:
@@ -102,15 +105,3 @@ def differing_fields(old: Any, new: Any, path: str = "") -> list[str]:
                 fields.extend(differing_fields(old[name], new[name], where))
         return fields
     return [] if old == new else [path or "(whole request)"]
-
-
-def guarded_tool_names(schemas: Mapping[str, Mapping[str, Any]], configured: Sequence[str] | None) -> set[str]:
-    """Tools that go through the guard: those configured, else those that take an idempotency key."""
-    if configured is not None:
-        return set(configured)
-    guarded = set()
-    for name, schema in schemas.items():
-        properties = schema.get("properties")
-        if isinstance(properties, Mapping) and "idempotency_key" in properties:
-            guarded.add(name)
-    return guarded

@@ -23,9 +23,11 @@ WEBHOOK_DEDUPE_SECONDS = 3 * 86400.0
 """Processed webhook deliveries are kept at least this long: Hail retries one for about 31 hours."""
 
 
-def found_in_upstream(operation: Operation, record: Mapping[str, Any], searched: str) -> RefusedByPolicy:
-    """The refusal of a resend whose message Hail already has."""
-    found = record.get("id", "?")
+def found_in_upstream(
+    operation: Operation, record: Mapping[str, Any], searched: str, found: str | None
+) -> RefusedByPolicy:
+    """The refusal of a resend whose message Hail already has (`found`: its id there)."""
+    found = found or "?"
     return RefusedByPolicy(
         f"Hail has this message ({searched} found {found}, status {record.get('status', '?')}): it was sent, so "
         f"nothing was resent. Record it with `hail-guard review resolve {operation.id} --as accepted "

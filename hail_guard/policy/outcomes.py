@@ -1,9 +1,10 @@
-"""What Hail's answer to a send means, which state follows it, and what reconcile does next.
+"""What an upstream's answer to a send means, which state follows it, and what reconcile does next.
 
-Every text Hail is known to answer is matched here, in `_ERROR_PATTERNS`, and nowhere else
-(DESIGN.md, classification; HAIL_CONTRACT.md, how failures read). The first attempt and a same-key
-replay are judged apart (`outcome_of_send`, `outcome_of_replay`): an error Hail repeats unchanged
-is what it saved.
+`classify` sorts an answer by the tool's profile (`[answers]`: where an error is, its table of patterns,
+first match wins; the built-in `hail` profile holds every text Hail is known to answer, DESIGN.md,
+classification). The first attempt and a same-key replay are judged apart (`outcome_of_send`,
+`outcome_of_replay`): an error the upstream repeats unchanged is what it saved. An upstream that takes no
+key is never replayed: reconcile looks for the send instead (`plan_reconcile`, `outcome_of_search`).
 """
 
 from __future__ import annotations
@@ -14,48 +15,30 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from hail_guard import pointers
 from hail_guard.models import Answer, AnswerKind, Operation, Outcome, State
+from hail_guard.profiles import ToolSpec, read_answer
+
+if TYPE_CHECKING:
+    from hail_guard.policy.repeats import Sighted
 
 DEFAULT_RETRY_AFTER_SECONDS = 30.0
-"""A rate limit that names no wait waits this long; auth and no-free-number answers may retry at once."""
+"""The wait the `hail` profile gives a rate limit that names none (its 429 pattern's `retry_after_seconds`)."""
 CHECK_AGAIN_SECONDS = 5.0
 """How soon reconcile looks again at an operation that is still unclear."""
 RETENTION_MARGIN_SECONDS = 3600.0
 """Replays stop this long before the upstream's key retention runs out."""
 
 
-@dataclass(frozen=True)
-class _Pattern:
-    regex: re.Pattern[str]
-    kind: AnswerKind
-    tools: frozenset[str] | None = None
-    """Only for these tools (None: every tool)."""
-
-
-def _pattern(regex: str, kind: AnswerKind, tools: set[str] | None = None) -> _Pattern:
-    return _Pattern(re.compile(regex, re.IGNORECASE | re.DOTALL), kind, frozenset(tools) if tools else None)
-
-
-# Order matters: the first match wins.
-_ERROR_PATTERNS: tuple[_Pattern, ...] = (
-    _pattern(r"^idempotency key reused with a different request body", AnswerKind.KEY_CONFLICT),
-    _pattern(r"^request with this idempotency key is still processing", AnswerKind.STILL_PROCESSING),
-    _pattern(r"^hail api error 429\b", AnswerKind.RETRY_LATER),
-    _pattern(r"^auth failed\b", AnswerKind.RETRY_LATER),
-    _pattern(r"\bno\b.*\bnumbers?\b.*\b(free|available)\b", AnswerKind.RETRY_LATER, {"place_call"}),
-    _pattern(r"^hail upstream error: 5\d\d\b", AnswerKind.GATEWAY_ERROR),
-    _pattern(r"^hail api error 4\d\d\b", AnswerKind.REFUSED),
-    _pattern(r"^\[\{'loc': ", AnswerKind.REFUSED),
-    _pattern(r"^resource not found$", AnswerKind.REFUSED),
-)
-_RETRY_AFTER = re.compile(r"retry after (\d+(?:\.\d+)?) seconds?", re.IGNORECASE)
 _FIELD_ERROR = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\.[A-Za-z0-9_.]+)?: ")
+_FLAGS = re.IGNORECASE | re.DOTALL
+"""How a profile's patterns are matched: any letter case, `.` across lines."""
 
 
 def classify(
-    tool: str,
+    spec: ToolSpec,
     *,
     is_error: bool,
     payload: Mapping[str, Any] | None,
@@ -63,56 +46,54 @@ def classify(
     request: Mapping[str, Any],
     declared: Collection[str] | None = None,
 ) -> Answer:
-    """Sort one upstream answer to a send (see the table in DESIGN.md).
+    """Sort one upstream answer to a send by the tool's profile (see the table in DESIGN.md).
 
     `declared` names the properties of the tool's input schema (None: unknown, then the request's own
     fields stand in for them).
     """
+    answers = spec.answers
+    fields = request if declared is None else declared
     if is_error:
+        if answers.is_error == "classify" and text:
+            return _classify_error(spec, text, fields, AnswerKind.LOST)
         return Answer(kind=AnswerKind.LOST, error=text or "the upstream answered with an error")
     if payload is None:
-        payload = _payload_from_text(text)
+        payload = read_answer(None, text, spec.answer_text)
     if payload is None:
         return Answer(kind=AnswerKind.LOST, error=f"unreadable answer: {text[:200]!r}")
-    if "error" in payload:
-        return _classify_error(tool, payload["error"], request if declared is None else declared)
-    provider_id = payload.get("id")
-    if not isinstance(provider_id, str) or not provider_id or "status" not in payload:
-        return Answer(kind=AnswerKind.LOST, result=dict(payload), error="the answer has no id and status")
-    if payload.get("status") == "failed" and payload.get("error_code") is not None:
-        return Answer(
-            kind=AnswerKind.REFUSED,
-            result=dict(payload),
-            provider_id=provider_id,
-            error=f"carrier refused: {payload.get('error_code')}",
-        )
+    if answers.error is not None and pointers.present(payload, answers.error):
+        return _classify_error(spec, pointers.resolve(payload, answers.error), fields, AnswerKind.UNRECOGNISED)
+    provider_id = pointers.resolve(payload, spec.provider_id)
+    if not (isinstance(provider_id, str) and provider_id and all(pointers.present(payload, p) for p in spec.required)):
+        said = " and ".join(pointers.shown(pointer) for pointer in (spec.provider_id, *spec.required))
+        return Answer(kind=AnswerKind.LOST, result=dict(payload), error=f"the answer has no {said}")
+    for failed in answers.failed:
+        detail = pointers.resolve(payload, failed.detail)
+        if pointers.resolve(payload, failed.field) == failed.equals and detail is not None:
+            error = f"{failed.reason}: {detail}"
+            return Answer(kind=AnswerKind.REFUSED, result=dict(payload), provider_id=provider_id, error=error)
     return Answer(kind=AnswerKind.ACCEPTED, result=dict(payload), provider_id=provider_id)
 
 
-def _payload_from_text(text: str) -> Mapping[str, Any] | None:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _classify_error(tool: str, error: object, declared: Collection[str]) -> Answer:
+def _classify_error(spec: ToolSpec, error: object, declared: Collection[str], unmatched: AnswerKind) -> Answer:
+    """An error text by the profile's table of patterns (first match wins), then its `<field>: ` rule."""
     if not isinstance(error, str):
         return Answer(kind=AnswerKind.UNRECOGNISED, error=json.dumps(error, default=str)[:500])
-    for pattern in _ERROR_PATTERNS:
-        if (pattern.tools is None or tool in pattern.tools) and pattern.regex.search(error):
-            retry_after = _retry_after(error) if pattern.kind is AnswerKind.RETRY_LATER else None
-            if retry_after is None and error.lower().startswith("hail api error 429"):
-                retry_after = DEFAULT_RETRY_AFTER_SECONDS
-            return Answer(kind=pattern.kind, error=error, retry_after_seconds=retry_after)
-    field = _FIELD_ERROR.match(error)
+    answers = spec.answers
+    for pattern in answers.patterns:
+        if (pattern.tools is None or spec.name in pattern.tools) and re.search(pattern.match, error, _FLAGS):
+            kind = AnswerKind(pattern.kind)
+            retry_after = _retry_after(answers.retry_after, error) if kind is AnswerKind.RETRY_LATER else None
+            if retry_after is None and kind is AnswerKind.RETRY_LATER:
+                retry_after = pattern.retry_after_seconds
+            return Answer(kind=kind, error=error, retry_after_seconds=retry_after)
+    field = _FIELD_ERROR.match(error) if answers.field_errors else None
     if field is not None:
-        # A local validation error names a field of the tool's schema; one naming any other field is Hail
-        # failing to read its own success answer (HAIL_CONTRACT.md), even when the request carried it.
+        # A local validation error names a field of the tool's schema; one naming any other field is the
+        # upstream failing to read its own success answer (HAIL_CONTRACT.md), even when the request carried it.
         refused = field.group(1) in declared
         return Answer(kind=AnswerKind.REFUSED if refused else AnswerKind.MISREAD_SUCCESS, error=error)
-    return Answer(kind=AnswerKind.UNRECOGNISED, error=error)
+    return Answer(kind=unmatched, error=error)
 
 
 def declared_fields(schema: Mapping[str, Any] | None) -> frozenset[str] | None:
@@ -123,8 +104,8 @@ def declared_fields(schema: Mapping[str, Any] | None) -> frozenset[str] | None:
     return frozenset(properties) if isinstance(properties, Mapping) else frozenset()
 
 
-def _retry_after(error: str) -> float | None:
-    match = _RETRY_AFTER.search(error)
+def _retry_after(pattern: str | None, error: str) -> float | None:
+    match = re.search(pattern, error, re.IGNORECASE) if pattern is not None else None
     return float(match.group(1)) if match else None
 
 
@@ -235,13 +216,20 @@ class ReconcilePlan:
 
 
 def plan_reconcile(
-    operation: Operation, *, now: datetime, key_retention_hours: float, recipient_suppressed: bool
+    operation: Operation,
+    *,
+    now: datetime,
+    key_retention_hours: float,
+    recipient_suppressed: bool,
+    replayable: bool = True,
 ) -> ReconcilePlan:
-    """DESIGN.md, reconcile: what to do with one `unknown` operation."""
+    """DESIGN.md, reconcile: what to do with one `unknown` operation (`replayable`: the upstream takes a key)."""
     if operation.provider_id:
         return ReconcilePlan(ReconcileStep.LOOKUP)
     if recipient_suppressed:
         return ReconcilePlan(ReconcileStep.REVIEW, "the recipient opted out; a replay could be the first send")
+    if not replayable:
+        return ReconcilePlan(ReconcileStep.REVIEW, NO_KEY)
     started = operation.first_sent_at or operation.created_at
     horizon = timedelta(hours=key_retention_hours) - timedelta(seconds=RETENTION_MARGIN_SECONDS)
     if now - started > horizon:
@@ -253,18 +241,26 @@ def plan_reconcile(
     return ReconcilePlan(ReconcileStep.REPLAY)
 
 
+NO_KEY = "the upstream takes no idempotency key, so a replay could send it twice"
+"""Why reconcile never replays a send to an upstream that takes no key."""
+
+
 def outcome_of_search(
-    operation: Operation, record: Mapping[str, Any] | None, searched: str, why_not_replay: str
+    operation: Operation, sighted: Sighted | None, searched: str, why_not_replay: str, *, complete: bool = True
 ) -> Outcome:
-    """Reconcile without a replay: only a record under the operation's own key proves it was accepted."""
-    if record is not None and record.get("idempotency_key") == operation.idempotency_key:
-        found = record.get("id")
+    """Reconcile without a replay: only a sighting that proves the send (under its own key, or, where the
+    upstream takes no key, everything alike and sent after it was recorded) settles it as accepted."""
+    if sighted is not None and sighted.proven:
         return Outcome(
             state=State.ACCEPTED,
-            reason=f"{searched} found it under its key",
-            result=dict(record),
-            provider_id=found if isinstance(found, str) else None,
+            reason=f"{searched} found it" + (" under its key" if sighted.by_key else ""),
+            result=dict(sighted.record),
+            provider_id=sighted.provider_id,
         )
-    if record is not None:
-        why_not_replay += f"; {searched} shows a message that looks like it ({record.get('id')}): check it"
+    if sighted is not None:
+        why_not_replay += f"; {searched} shows a message that looks like it ({sighted.provider_id}): check it"
+    elif not complete:
+        why_not_replay += f"; {searched}"
+    elif why_not_replay == NO_KEY:
+        why_not_replay = f"no answer came back, and {searched} found no such message: a human decides"
     return Outcome(state=State.NEEDS_REVIEW, reason=why_not_replay, review_reason=why_not_replay)

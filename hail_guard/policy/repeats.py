@@ -4,17 +4,18 @@ A retry of a send is recognised by what it says and to whom (`same_meaning`: the
 content fingerprint, the recipients, the sender fields both give), not by its bytes or its key. Both
 ledger backends decide with these functions (the PostgreSQL one in SQL, from `blocking_states`), so a
 repeat is answered from the ledger, an overlap or an opt-out is refused, and no text ever invites a
-second send. `sighting` applies the same idea to a message Hail lists.
+second send. `sighting` applies the same idea to a message an upstream lists (the profile's `search`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hail_guard import keys
+from hail_guard import keys, pointers, recipients
 from hail_guard.errors import (
     KeyConflict,
     ProbableDuplicate,
@@ -23,6 +24,7 @@ from hail_guard.errors import (
 from hail_guard.lifecycle import LIVE, UNRESOLVED
 from hail_guard.models import Intent, Operation
 from hail_guard.policy.answers import next_step, sentence, state_phrase
+from hail_guard.profiles import DEFAULT_TIMES, Match, ToolSpec
 
 
 def suppressed_refusal(recipients: Sequence[str], channel: str) -> Suppressed:
@@ -115,9 +117,9 @@ def _has_it(earlier: Operation, intent: Intent) -> str:
     return f"{', '.join(shared)} already {verb} this message: operation {earlier.id} is {state_phrase(earlier)}"
 
 
-def key_conflict(earlier: Operation, intent: Intent, request: Mapping[str, Any]) -> KeyConflict:
+def key_conflict(spec: ToolSpec, earlier: Operation, intent: Intent, request: Mapping[str, Any]) -> KeyConflict:
     """The refusal for a used key with a different message (by meaning); names the differences."""
-    fields = meaning_differences(earlier, intent, request)
+    fields = meaning_differences(spec, earlier, intent, request)
     return KeyConflict(
         f"idempotency key {earlier.idempotency_key!r} belongs to operation {earlier.id}, which is "
         f"{state_phrase(earlier)}, with a different message (it differs in: {', '.join(fields)}). Nothing was "
@@ -126,10 +128,10 @@ def key_conflict(earlier: Operation, intent: Intent, request: Mapping[str, Any])
     )
 
 
-def meaning_differences(earlier: Operation, intent: Intent, request: Mapping[str, Any]) -> list[str]:
+def meaning_differences(spec: ToolSpec, earlier: Operation, intent: Intent, request: Mapping[str, Any]) -> list[str]:
     """What differs by meaning between a stored operation and a new send under its key (names only)."""
-    old, new = earlier.arguments(), dict(request)
-    fields = [name for name in sorted(set(old) | set(new)) if keys.message_field(name)]
+    old, new = spec.message(earlier.arguments()), spec.message(request)
+    fields = sorted(set(old) | set(new))
     differing = [name for name in fields if keys.meaning_of(old.get(name)) != keys.meaning_of(new.get(name))]
     if set(earlier.recipients) != set(intent.recipients):
         differing.append("recipients")
@@ -139,34 +141,73 @@ def meaning_differences(earlier: Operation, intent: Intent, request: Mapping[str
 
 
 SIGHTING_MARGIN_SECONDS = 300.0
-"""A message Hail lists this long before an operation was recorded may still be it (clocks differ)."""
-_SIGHTING_FIELDS = {"email": ("subject",), "sms": ("body",), "call": ("first_message", "system_prompt")}
-"""What a listed record must say alike, per channel, to be an operation's message (where both say it)."""
+"""A message the upstream lists this long before an operation was recorded may still be it (clocks differ)."""
 
 
-def first_recipient_as_sent(operation: Operation) -> str | None:
-    """The operation's first `to` recipient, spelt as it was sent (what an upstream's `to` filter matches)."""
-    to = operation.arguments().get("to")
-    first = to[0] if isinstance(to, list) and to else to
-    return first if isinstance(first, str) else None
+@dataclass(frozen=True)
+class Sighted:
+    """A listed item that is, or looks like, an operation's message."""
+
+    record: dict[str, Any]
+    provider_id: str | None
+    proven: bool
+    """True when it is the message for sure: it carries the operation's key, or (an upstream that takes no
+    key) it says everything the profile matches alike, it was sent after the operation was recorded, and no
+    other operation holds its id."""
+    by_key: bool = False
 
 
-def sighting(operation: Operation, records: Sequence[object]) -> dict[str, Any] | None:
-    """Among records an upstream listed for the operation's recipient, the one that is its message."""
+def sighting(
+    spec: ToolSpec, operation: Operation, records: Sequence[object], *, claimed: Collection[str] = ()
+) -> Sighted | None:
+    """Among items an upstream listed for an operation's search (`spec.search`), the one that is its message,
+    or the first that looks like it. `claimed` holds the ids other operations already have."""
+    search = spec.search
+    if search is None:
+        return None
     request = operation.arguments()
     since = operation.created_at - timedelta(seconds=SIGHTING_MARGIN_SECONDS)
+    matches = search.matches()
     for record in records:
         if not isinstance(record, dict):
             continue
-        if record.get("idempotency_key") == operation.idempotency_key:
-            return record
-        created = _moment(record.get("created_at") or record.get("requested_at"))
-        if created is None or created < since:
+        found = pointers.resolve(record, search.id or spec.provider_id)
+        found_id = str(found) if isinstance(found, str | int) and not isinstance(found, bool) else None
+        if search.key is not None and pointers.resolve(record, search.key) == operation.idempotency_key:
+            return Sighted(record, found_id, proven=True, by_key=True)
+        created = _time_of(record, search.time)
+        if created is None or created < since or (found_id is not None and found_id in claimed):
             continue
-        fields = _SIGHTING_FIELDS.get(operation.channel, ())
-        said = [name for name in fields if record.get(name) is not None and request.get(name) is not None]
-        if all(keys.meaning_of(record[name]) == keys.meaning_of(request[name]) for name in said):
-            return record
+        said = [match for match in matches if _said(record, request, match)]
+        if all(_alike(record, request, match, spec.channel) for match in said):
+            proven = not spec.forwards_key and found_id is not None and bool(matches) and len(said) == len(matches)
+            return Sighted(record, found_id, proven=proven)
+    return None
+
+
+def _said(record: Mapping[str, Any], request: Mapping[str, Any], match: Match) -> bool:
+    item = pointers.resolve(record, match.item or match.argument)
+    return item is not None and pointers.resolve(request, match.argument) is not None
+
+
+def _alike(record: Mapping[str, Any], request: Mapping[str, Any], match: Match, channel: str) -> bool:
+    item = pointers.resolve(record, match.item or match.argument)
+    sent = pointers.resolve(request, match.argument)
+    if match.compare == "recipients":
+        return _recipient_set(item, channel) == _recipient_set(sent, channel)
+    return bool(keys.meaning_of(item) == keys.meaning_of(sent))
+
+
+def _recipient_set(value: object, channel: str) -> frozenset[str]:
+    items = value if isinstance(value, list) else str(value).split(",")
+    return frozenset(recipients.comparable(str(item), channel) for item in items if str(item).strip())
+
+
+def _time_of(record: Mapping[str, Any], fields: Sequence[str] | None) -> datetime | None:
+    for pointer in fields if fields is not None else DEFAULT_TIMES:
+        value = pointers.resolve(record, pointer)
+        if value:
+            return _moment(value)
     return None
 
 
