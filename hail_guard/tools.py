@@ -106,18 +106,25 @@ def _tool(
 
 
 def listed_as_guarded(tool: types.Tool, spec: ToolSpec) -> types.Tool:
-    """A guarded upstream tool as the agent sees it: as declared, taking `allow_duplicate`, and (where the
-    upstream takes no key) hail-guard's own `idempotency_key`."""
+    """A guarded upstream tool as the agent sees it: as declared, taking `allow_duplicate` and (where the
+    upstream takes no key) hail-guard's own `idempotency_key`; its output schema, if it declares one, also
+    admits what hail-guard answers besides the upstream's record (`hail_guard`, a failure's `error`)."""
+    update: dict[str, Any] = {}
     properties = tool.input_schema.get("properties")
-    if not isinstance(properties, dict):
-        return tool
-    added: dict[str, object] = {ALLOW_DUPLICATE: _ALLOW_DUPLICATE_SCHEMA}
-    if not spec.forwards_key:
-        added[KEY_FIELD] = _OWN_KEY_SCHEMA
-    added = {name: schema for name, schema in added.items() if name not in properties}
-    if not added:
-        return tool
-    return tool.model_copy(update={"input_schema": {**tool.input_schema, "properties": {**properties, **added}}})
+    if isinstance(properties, dict):
+        added: dict[str, object] = {ALLOW_DUPLICATE: _ALLOW_DUPLICATE_SCHEMA}
+        if not spec.forwards_key:
+            added[KEY_FIELD] = _OWN_KEY_SCHEMA
+        added = {name: schema for name, schema in added.items() if name not in properties}
+        if added:
+            update["input_schema"] = {**tool.input_schema, "properties": {**properties, **added}}
+    output = tool.output_schema
+    if output is not None and (output.get("required") or output.get("additionalProperties", True) is not True):
+        update["output_schema"] = {
+            **{name: value for name, value in output.items() if name != "required"},
+            "additionalProperties": True,
+        }
+    return tool.model_copy(update=update) if update else tool
 
 
 # --- the handlers --------------------------------------------------------------------------------------

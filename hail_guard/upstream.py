@@ -285,6 +285,8 @@ class Upstream:
         self._wake = anyio.Event()  # set: a caller is waiting, so cut the backoff short
         self._backoff = BACKOFF_MIN_SECONDS
         self._last_error = "not connected yet"
+        self.server_name: str | None = None
+        """The name the upstream server gave when it connected (its `serverInfo`)."""
 
     @property
     def connected(self) -> bool:
@@ -413,6 +415,8 @@ class Upstream:
     async def _hold(self, *, task_status: TaskStatus[None]) -> None:
         async with Client(self._client_target(), mode="legacy", cache=None) as client:
             self._session, self._broken = client.session, anyio.Event()
+            info = client.server_info
+            self.server_name = info.name if info is not None else None
             self._backoff = BACKOFF_MIN_SECONDS
             log.info("upstream_connected", target=self.target.display, protocol_version=client.protocol_version)
             self._finish_attempt()

@@ -30,7 +30,8 @@ Faults named `*_after_accept`, `processing` and `malformed` act only on a call t
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from typing import Final, Literal, cast, get_args
 
 from hail_guard.sandbox.tools import SEND_TOOLS, TOOL_NAMES
@@ -64,6 +65,10 @@ class Fault:
     kind: FaultKind
     arg: int | None = None
     retry_after_seconds: int = DEFAULT_RETRY_AFTER_SECONDS
+    tools: Collection[str] = field(default=TOOL_NAMES, compare=False, repr=False)
+    """The tools of the fake it is for (the sandbox's: Hail's; a generic fake's: its own)."""
+    sends: Collection[str] = field(default=SEND_TOOLS, compare=False, repr=False)
+    """Those of `tools` that send (`processing` and `malformed` apply to them only)."""
 
     def __post_init__(self) -> None:
         problem = self._problem()
@@ -71,13 +76,13 @@ class Fault:
             raise ValueError(problem)
 
     def _problem(self) -> str | None:
-        if self.tool not in TOOL_NAMES:
-            return f"unknown tool {self.tool!r}; tools are {', '.join(TOOL_NAMES)}"
+        if self.tool not in self.tools:
+            return f"unknown tool {self.tool!r}; tools are {', '.join(self.tools)}"
         if self.nth is not None and self.nth < 1:
             return f"N must be a call number from 1, or * for every call, not {self.nth}"
         if self.kind not in FAULT_KINDS:
             return f"unknown fault kind {self.kind!r}; kinds are {', '.join(FAULT_KINDS)}"
-        if self.kind in _SEND_ONLY_KINDS and self.tool not in SEND_TOOLS:
+        if self.kind in _SEND_ONLY_KINDS and self.tool not in self.sends:
             return f"{self.kind} applies to the send tools only, not {self.tool}"
         if self.retry_after_seconds < 0:
             return f"retry-after must not be negative, not {self.retry_after_seconds}"
@@ -113,7 +118,9 @@ def _number(text: str, what: str) -> int:
     return int(text)
 
 
-def _from_parts(tool: str, nth_text: str, kind: str, rest: list[str]) -> Fault:
+def _from_parts(
+    tool: str, nth_text: str, kind: str, rest: list[str], tools: Collection[str], sends: Collection[str]
+) -> Fault:
     nth = None if nth_text == "*" else _number(nth_text, "N")
     if kind not in FAULT_KINDS:
         raise ValueError(f"unknown fault kind {kind!r}; kinds are {', '.join(FAULT_KINDS)}")
@@ -123,17 +130,18 @@ def _from_parts(tool: str, nth_text: str, kind: str, rest: list[str]) -> Fault:
     if len(rest) > 1:
         raise ValueError(f"too many parts; expected {SPEC_FORMAT}")
     arg = _number(rest[0], "ARG") if rest else None
-    return Fault(tool, nth, cast(FaultKind, kind), arg, retry_after_seconds=retry_after)
+    return Fault(tool, nth, cast(FaultKind, kind), arg, retry_after_seconds=retry_after, tools=tools, sends=sends)
 
 
-def parse_fault(spec: str) -> Fault:
-    """Read `TOOL:N:KIND[:ARG]`; raise ValueError saying what is wrong and what is expected."""
+def parse_fault(spec: str, *, tools: Collection[str] = TOOL_NAMES, sends: Collection[str] = SEND_TOOLS) -> Fault:
+    """Read `TOOL:N:KIND[:ARG]` for a fake with `tools` (Hail's by default), of which `sends` send; raise
+    ValueError saying what is wrong and what is expected."""
     parts = spec.strip().split(":")
     if len(parts) < 3 or not all(parts):
         raise ValueError(f"bad fault {spec!r}: expected {SPEC_FORMAT}")
     tool, nth_text, kind, *rest = parts
     try:
-        return _from_parts(tool, nth_text, kind, rest)
+        return _from_parts(tool, nth_text, kind, rest, tools, sends)
     except ValueError as error:
         raise ValueError(f"bad fault {spec!r}: {error}") from None
 

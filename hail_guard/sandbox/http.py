@@ -23,7 +23,7 @@ import json
 import logging
 import socket
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import anyio
 import anyio.abc
@@ -38,10 +38,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from hail_guard.sandbox.server import DROP_SCOPE_KEY
 
 if TYPE_CHECKING:
+    from mcp.server import Server
     from starlette.applications import Starlette
 
     from hail_guard.sandbox.oauth import AuthorizationServer
-    from hail_guard.sandbox.service import Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +52,19 @@ MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 SHUTDOWN_GRACE_SECONDS: Final = 3
 
 
+class Served(Protocol):
+    """A fake served over HTTP: the sandbox, or a generic fake (`hail_guard.fake.FakeUpstream`)."""
+
+    def server(self) -> Server[Any]: ...
+
+    def http_app(self, token: str | None, oauth: AuthorizationServer | None = None) -> Starlette: ...
+
+
 async def _healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-def build_http_app(sandbox: Sandbox, token: str | None, oauth: AuthorizationServer | None = None) -> Starlette:
+def build_http_app(sandbox: Served, token: str | None, oauth: AuthorizationServer | None = None) -> Starlette:
     routes = [Route("/healthz", _healthz, methods=["GET"]), *(oauth.routes() if oauth is not None else [])]
     app = sandbox.server().streamable_http_app(
         streamable_http_path="/",
@@ -222,7 +230,7 @@ def _url(sock: socket.socket) -> str:
 
 
 async def serve_http(
-    sandbox: Sandbox,
+    sandbox: Served,
     host: str,
     port: int,
     token: str | None,

@@ -21,7 +21,7 @@ How a withheld answer is carried out:
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NoReturn
@@ -32,7 +32,7 @@ from mcp import MCPError
 from mcp.server import Server, ServerRequestContext
 from mcp.server.runner import serve_dual_era_loop
 
-from hail_guard.sandbox.service import Refusal, Reply
+from hail_guard.sandbox.service import Answer, Refusal, Reply
 from hail_guard.sandbox.tools import input_schema, tool_list
 
 if TYPE_CHECKING:
@@ -93,6 +93,11 @@ def _result(result: dict[str, Any]) -> types.CallToolResult:
     )
 
 
+def _worded(text: str) -> types.CallToolResult:
+    """A result in words only (no structured content), as some servers answer."""
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=False)
+
+
 def _refusal(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
@@ -110,17 +115,35 @@ async def _drop(ctx: ServerRequestContext[Link, Any]) -> NoReturn:
 
 
 def build_server(sandbox: Sandbox) -> Server[Link]:
+    return serve_tools(sandbox.invoke, tool_list(), input_schema, name=SERVER_NAME, instructions=_INSTRUCTIONS)
+
+
+Invoke = Callable[[str, Mapping[str, Any] | None], Awaitable[Answer]]
+
+
+def serve_tools(
+    invoke: Invoke,
+    tools: list[types.Tool],
+    schema_of: Callable[[str], dict[str, Any] | None],
+    *,
+    name: str,
+    instructions: str,
+    version: str = SERVER_VERSION,
+) -> Server[Link]:
+    """A low-level MCP server whose calls `invoke` answers (a `Reply`, a `Refusal` or a `Withheld` answer,
+    carried out as the module docstring says): the sandbox's, and every generic fake's (`hail_guard.fake`)."""
+
     async def on_list_tools(
         ctx: ServerRequestContext[Link, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=tool_list())
+        return types.ListToolsResult(tools=tools)
 
     async def on_call_tool(
         ctx: ServerRequestContext[Link, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        answer = await sandbox.invoke(params.name, params.arguments)
+        answer = await invoke(params.name, params.arguments)
         if isinstance(answer, Reply):
-            return _result(answer.result)
+            return _result(answer.result) if answer.text is None else _worded(answer.text)
         if isinstance(answer, Refusal):
             return _refusal(answer.text)
         if answer.how == "drop":
@@ -129,11 +152,11 @@ def build_server(sandbox: Sandbox) -> Server[Link]:
         raise AssertionError("unreachable: sleep_forever returns only by cancellation")
 
     return _SandboxServer(
-        SERVER_NAME,
-        version=SERVER_VERSION,
-        instructions=_INSTRUCTIONS,
+        name,
+        version=version,
+        instructions=instructions,
         lifespan=_no_link,
-        get_tool_input_schema=input_schema,
+        get_tool_input_schema=schema_of,
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
     )

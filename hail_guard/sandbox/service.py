@@ -58,6 +58,8 @@ class Reply:
     """An ordinary tool result (Hail's errors are ordinary results too)."""
 
     result: dict[str, Any]
+    text: str | None = None
+    """Answer in these words instead, with no structured content (a generic fake's servers that answer so)."""
 
 
 @dataclass(frozen=True)
