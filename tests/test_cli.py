@@ -212,7 +212,7 @@ def leaf_commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -
 
 
 def every_command() -> list[tuple[tuple[str, ...], Any]]:
-    words = ["drill", "sandbox"]  # their options load only when named
+    words = ["drill", "sandbox", "fake"]  # their options load only when named
     return leaf_commands(cli_parser(words))
 
 

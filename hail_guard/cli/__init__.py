@@ -6,7 +6,8 @@ stdout; logs and notices go to stderr.
 Global options (`--config`) go before or after the command. Each module here owns a few commands,
 their options and their output: `operations` (ops, reconcile, review), `batches` (batch, worker,
 suppress), `admin` (serve, status, migrate, upstream, backup, prune), `signin` (login, logout),
-`clients` (client-config), `drill`; `parsing` and `terminal` are what they share.
+`clients` (client-config), `drill`, `profiles` (profile init, profile check); `parsing` and `terminal` are
+what they share. `sandbox` and `fake` (the fakes) read no settings.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ try:
     import anyio
     import structlog
 
-    from hail_guard.cli import admin, batches, clients, drill, operations, signin
+    from hail_guard.cli import admin, batches, clients, drill, operations, profiles, signin
     from hail_guard.cli.parsing import Commands, Handler, top_parser
     from hail_guard.cli.terminal import terminal_text
     from hail_guard.config import load_settings
@@ -59,6 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         configure_logging("info")
         return sandbox.run_from_args(args)
+    if args.command == "fake":
+        from hail_guard.fake import command
+
+        configure_logging("info")
+        return command.run_from_args(args)
     try:
         settings = load_settings(getattr(args, "config", None))
         configure_logging(settings.log.level)
@@ -86,6 +92,12 @@ def parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         from hail_guard import sandbox
 
         sandbox.add_arguments(fake)
+    generic = commands.add("fake", help="run a generic fake MCP server a profile describes (stdio or HTTP)")
+    if "fake" in argv:  # likewise: only the fake needs its options
+        from hail_guard.fake import command
+
+        command.add_arguments(generic)
+    profiles.add_commands(commands)
     signin.add_commands(commands)
     console = commands.add("console", help="the operator console in a browser, alone on 127.0.0.1")
     if "console" in argv:  # its web stack loads only for it

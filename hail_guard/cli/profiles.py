@@ -1,0 +1,108 @@
+"""`hail-guard profile init` and `profile check`: a profile drafted from an upstream, and held against it.
+
+    hail-guard profile init --from URL_OR_COMMAND [--name NAME] [--output FILE]
+    hail-guard profile check FILE [--from URL_OR_COMMAND]
+
+`--from` is a Streamable HTTP URL (`http://...`, `https://...`) or a command that serves MCP on stdio
+(`"npx -y resend-mcp"`); `check` without it asks the configured upstream. The token is the one the config
+names (`[upstream] token_env`). What an upstream lists is hostile text: the draft escapes it (`drafting`), and
+every line printed here is made safe for a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+from mcp import types
+
+from hail_guard import app, profiles
+from hail_guard.cli.parsing import Commands
+from hail_guard.cli.terminal import terminal_text
+from hail_guard.config import Settings
+from hail_guard.errors import BadInput, ConfigError
+from hail_guard.profiles.checking import check
+from hail_guard.profiles.drafting import draft
+from hail_guard.upstream import UpstreamTarget, connect_upstream
+
+
+def add_commands(commands: Commands) -> None:
+    group = commands.group("profile", help="draft an upstream profile, or check one against the upstream")
+    init = group.add("init", help="draft a profile from an upstream's tools (every guess marked REVIEW)", run=_init)
+    init.add_argument("--from", dest="source", required=True, metavar="URL_OR_COMMAND", help=_FROM)
+    init.add_argument("--name", help="the profile's name (default: the upstream server's)")
+    init.add_argument("--output", metavar="FILE", help="write the draft to this new file (default: stdout)")
+    checked = group.add(
+        "check", help="check that every pointer of a profile exists in the upstream's schemas", run=_check
+    )
+    checked.add_argument("file", help="a profile file, or a built-in name (hail, resend, agentmail)")
+    checked.add_argument("--from", dest="source", metavar="URL_OR_COMMAND", help=_FROM + " (default: [upstream])")
+
+
+_FROM = "a Streamable HTTP URL, or a command that serves MCP on stdio"
+
+
+def target_of(source: str, settings: Settings) -> UpstreamTarget:
+    """Where `--from` points: a URL is Streamable HTTP, anything else a stdio command."""
+    token = settings.upstream.token()
+    if source.startswith(("http://", "https://")):
+        return UpstreamTarget(kind="http", url=source, token=token, token_env=settings.upstream.token_env)
+    command = shlex.split(source)
+    if not command:
+        raise BadInput("--from needs a URL or a command; nothing was read")
+    return UpstreamTarget(kind="stdio", command=tuple(command), token=token, token_env=settings.upstream.token_env)
+
+
+async def listed_tools(target: UpstreamTarget, settings: Settings) -> tuple[str, list[types.Tool]]:
+    """The upstream server's name and every tool it lists."""
+    async with connect_upstream(
+        target, timeout_seconds=settings.upstream.timeout_seconds, heartbeat_seconds=None
+    ) as up:
+        await up.wait_connected()
+        return up.server_name or "upstream", await up.list_tools()
+
+
+async def _init(args: argparse.Namespace, settings: Settings) -> int:
+    target = target_of(args.source, settings)
+    if args.output is not None and await anyio.to_thread.run_sync(os.path.lexists, args.output):
+        raise BadInput(f"{terminal_text(args.output)} exists; give a new file (nothing was written)")
+    server, tools = await listed_tools(target, settings)
+    text = draft(tools, source=target.display, name=args.name or server)
+    profiles.parse_profile(text, "the draft")  # a draft is always a profile hail-guard reads
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    await anyio.to_thread.run_sync(_write_new, args.output, text)
+    print(f"wrote {terminal_text(args.output)}: review every line marked REVIEW", file=sys.stderr)
+    return 0
+
+
+def _write_new(path: str, text: str) -> None:
+    try:
+        with open(path, "x", encoding="utf-8") as file:
+            file.write(text)
+    except FileExistsError:
+        raise BadInput(f"{terminal_text(path)} exists; give a new file (nothing was written)") from None
+    except OSError as exc:
+        raise BadInput(f"cannot write {terminal_text(path)}: {exc.strerror}; nothing was written") from None
+
+
+async def _check(args: argparse.Namespace, settings: Settings) -> int:
+    base = None if args.file in profiles.BUILT_IN else Path.cwd()
+    profile = profiles.load_profile(args.file, base)
+    target = target_of(args.source, settings) if args.source else app.upstream_target(settings)
+    _, tools = await listed_tools(target, settings)
+    findings = check(profile, tools)
+    for finding in findings:
+        print(f"{finding.level}: {terminal_text(finding.where)}: {terminal_text(finding.what)}")
+    errors = sum(finding.level == "error" for finding in findings)
+    where = terminal_text(target.display)
+    if errors:
+        raise ConfigError(f"the profile {profile.source} does not fit {where}: {errors} error(s) above; fix them")
+    print(f"ok: every pointer of {terminal_text(profile.source)} exists in the schemas of {where}")
+    return 0
