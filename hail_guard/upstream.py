@@ -88,7 +88,8 @@ class Credentials(Protocol):
 
 @dataclass(frozen=True, repr=False)
 class UpstreamTarget:
-    """Where Hail is. `token` goes out as a bearer header (http/sse) or as HAIL_API_KEY (stdio);
+    """Where Hail is. `token` goes out as a bearer header (http/sse) or, to a stdio command, in the variable
+    it came from (`token_env`: HAIL_API_KEY, or RESEND_API_KEY for Resend's server, ...);
     `credentials` (http only) are asked for a token per request instead."""
 
     kind: Literal["http", "sse", "stdio", "inprocess"]
@@ -442,7 +443,7 @@ class Upstream:
         if target.kind == "inprocess":
             return target.server
         if target.kind == "stdio":
-            env = {"HAIL_API_KEY": target.token} if target.token else None
+            env = {target.token_env: target.token} if target.token else None  # in the variable it came from
             return StdioServerParameters(command=target.command[0], args=list(target.command[1:]), env=env)
         headers = dict(target.headers) | ({"Authorization": f"Bearer {target.token}"} if target.token else {})
         if target.kind == "sse":

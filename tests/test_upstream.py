@@ -349,6 +349,18 @@ async def test_stdio_target_gets_the_token_in_its_environment_and_is_restarted_a
             assert second["pid"] != first["pid"]
 
 
+async def test_a_stdio_target_gets_the_token_in_the_variable_it_was_read_from() -> None:
+    target = UpstreamTarget(
+        "stdio", command=(sys.executable, str(ECHO_SERVER)), token=TOKEN, token_env="RESEND_API_KEY"
+    )
+    with anyio.fail_after(15):
+        async with connect_upstream(target) as upstream:
+            answer = await echo(upstream)
+    assert answer["token"] == TOKEN
+    assert "RESEND_API_KEY" in answer["variables"]
+    assert "HAIL_API_KEY" not in answer["variables"]
+
+
 async def test_the_heartbeat_replaces_an_upstream_that_died_between_calls() -> None:
     target = UpstreamTarget("stdio", command=(sys.executable, str(ECHO_SERVER)))
     with anyio.fail_after(15):

@@ -27,7 +27,8 @@ async def on_call_tool(
         os._exit(3)
     if params.name == "exit_soon":
         threading.Timer(0.1, os._exit, args=(3,)).start()
-    answer = {"arguments": params.arguments, "token": os.environ.get("HAIL_API_KEY"), "pid": os.getpid()}
+    token = os.environ.get("HAIL_API_KEY") or os.environ.get("RESEND_API_KEY")
+    answer = {"arguments": params.arguments, "token": token, "pid": os.getpid(), "variables": sorted(os.environ)}
     return types.CallToolResult(content=[types.TextContent(type="text", text="echo")], structured_content=answer)
 
 

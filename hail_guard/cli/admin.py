@@ -86,6 +86,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
     report: dict[str, Any] = {
         "ledger": ledger_shown(settings.ledger.url),
         "upstream": upstream_shown(settings),
+        "profile": settings.upstream.profile,
         "warnings": [warning] if warning is not None else [],
         "operations": by_state,
         "oldest_unknown": operation_view(oldest_unknown) if oldest_unknown else None,
@@ -105,6 +106,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     say(labelled("ledger", report["ledger"]))
     say(labelled("upstream", report["upstream"]))
+    say(labelled("profile", report["profile"]))
     for warning in report["warnings"]:
         say(("warning", "bold red"), ": ", warning)
     say(labelled("operations", ", ".join(f"{k} {v}" for k, v in by_state.items()) or "none"))

@@ -90,6 +90,7 @@ def _resend_details(record: Record | None, wanted: str) -> Answer:
     lines = [
         "Email Details:",
         f"- ID: {record['id']}",
+        f"- Message ID: <{record['id']}@resend.dev>",
         f"- From: {record.get('from', '')}",
         f"- To: {', '.join(record['to'])}",
         f"- Subject: {record['subject']}",
