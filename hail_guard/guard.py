@@ -150,9 +150,9 @@ class Guard:
         allow_duplicate = request.pop(ALLOW_DUPLICATE, False)
         if not isinstance(allow_duplicate, bool):
             raise BadInput(f"{ALLOW_DUPLICATE} must be true or false")
-        own_key = (
-            {} if spec.forwards_key or keys.KEY_FIELD not in request else {keys.KEY_FIELD: request.pop(keys.KEY_FIELD)}
-        )
+        own_key = {}  # hail-guard's own key argument, for an upstream that takes none: recorded, never forwarded
+        if not spec.forwards_key and keys.KEY_FIELD in request:
+            own_key[keys.KEY_FIELD] = request.pop(keys.KEY_FIELD)
         policy.validate_arguments(tool, request, input_schema)
         policy.check_rules(spec, request, input_schema)
         reaches = recipients.recipients_of(spec.channel, request, spec.recipients)  # refuses an unreadable one

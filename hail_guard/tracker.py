@@ -85,13 +85,16 @@ class Tracker:
     async def poll_once(self) -> int:
         """One round: check every operation that is due (up to `batch_size`); returns how many were checked."""
         checked = 0
+        channels = self.settings.profile.delivery_channels()
         try:
-            due = await self.ledger.claim_delivery_checks(
-                channels=self.settings.profile.delivery_channels(),
-                max_age_seconds=self.settings.max_age_hours * 3600.0,
-                hold_seconds=self.settings.hold_seconds,
-                limit=self.settings.batch_size,
-            )
+            due: list[Operation] = []
+            if channels:  # a profile that polls nothing (the chat example's) asks the ledger nothing
+                due = await self.ledger.claim_delivery_checks(
+                    channels=channels,
+                    max_age_seconds=self.settings.max_age_hours * 3600.0,
+                    hold_seconds=self.settings.hold_seconds,
+                    limit=self.settings.batch_size,
+                )
             for operation in due:
                 if not await self._check(operation):
                     break

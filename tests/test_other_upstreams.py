@@ -18,9 +18,10 @@ from hail_guard.fake.command import faults_for
 from hail_guard.fake.servers import agentmail, resend
 from hail_guard.guard import GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
-from hail_guard.models import State
+from hail_guard.models import DeliveryState, State
 from hail_guard.profiles import Profile, built_in, load_profile
 from hail_guard.server import Proxy, build_server
+from hail_guard.tracker import Tracker, TrackerSettings
 from hail_guard.upstream import UpstreamTarget, connect_upstream
 from tests.conftest import data, text
 
@@ -178,6 +179,17 @@ async def test_a_key_resend_holds_for_another_email_is_for_a_human(tmp_path: Pat
         assert guard_view(conflict)["state"] == "needs_review"
         assert "different request" in text(conflict)
     assert len(fake.outbox) == 1
+
+
+async def test_resend_sends_are_polled_for_delivery_through_get_emails_words(tmp_path: Path) -> None:
+    async with rig(tmp_path, built_in("resend"), FakeUpstream(resend())) as r:
+        sent = await r.call("send-email", RESEND_EMAIL)
+        settings = TrackerSettings(profile=built_in("resend"), first_backoff_seconds=0.0, timeout_seconds=5.0)
+        tracker = Tracker(r.ledger, r.proxy.upstream, settings)
+        assert await tracker.poll_once() == 1
+        polled = await r.ledger.get(guard_view(sent)["operation_id"])
+        assert polled.delivery_state is DeliveryState.DELIVERED
+        assert r.fake.calls("get-email") == 1
 
 
 # --- AgentMail: no key, structured answers ----------------------------------------------------------------

@@ -82,10 +82,11 @@ def spec_of(entry: ToolEntry, defaults: ToolFields, answers: Answers, rules: Seq
     """A tool entry over the profile's defaults over the built-in ones."""
 
     def pick(name: str, fallback: Any) -> Any:
-        own = getattr(entry, name)
-        return (
-            own if own is not None else (getattr(defaults, name) if getattr(defaults, name) is not None else fallback)
-        )
+        """The entry's value, else the defaults', else the built-in one."""
+        for given in (getattr(entry, name), getattr(defaults, name)):
+            if given is not None:
+                return given
+        return fallback
 
     recipients = tuple(pick("recipients", DEFAULT_RECIPIENTS))
     sender, sender_names = tuple(pick("sender", ())), tuple(pick("sender_names", ()))
@@ -98,7 +99,7 @@ def spec_of(entry: ToolEntry, defaults: ToolFields, answers: Answers, rules: Seq
         name=entry.name,
         channel=pick("channel", entry.name),
         recipients=recipients,
-        content=tuple(entry.content) if entry.content is not None else _tuple(defaults.content),
+        content=_tuple(pick("content", None)),
         not_content=frozenset({*(name for name in names if name), KEY_FIELD, ALLOW_DUPLICATE, key or KEY_FIELD}),
         sender=sender,
         sender_names=sender_names,
