@@ -85,9 +85,9 @@ def key_retention_hours(settings: Settings) -> float:
     return settings.upstream.key_retention_hours or load_profile(settings).key_retention_hours
 
 
-def guard_settings(settings: Settings) -> GuardSettings:
+def guard_settings(settings: Settings, profile: Profile) -> GuardSettings:
     return GuardSettings(
-        profile=load_profile(settings),
+        profile=profile,
         key_template=settings.guard.key_template,
         key_retention_hours=settings.upstream.key_retention_hours,
         timeout_seconds=settings.upstream.timeout_seconds,
@@ -111,6 +111,7 @@ async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> A
     """
     if (warning := await anyio.to_thread.run_sync(credentials_warning, settings)) is not None:
         log.warning("upstream_token_missing", message=warning, variable=settings.upstream.token_env)
+    profile = await anyio.to_thread.run_sync(load_profile, settings)  # a bad one is refused before anything opens
     async with (
         open_ledger_from(settings) as opened_ledger,
         connect_upstream(upstream_target(settings), timeout_seconds=settings.upstream.timeout_seconds) as opened,
@@ -121,7 +122,7 @@ async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> A
         proxy = Proxy(
             ledger,
             upstream,
-            guard_settings(settings),
+            guard_settings(settings, profile),
             guarded_tools=settings.guard.guarded_tools,
             require_approval=settings.guard.require_approval,
             observer=metrics,
@@ -136,9 +137,9 @@ async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> A
         yield proxy
 
 
-def tracker_settings(settings: Settings) -> TrackerSettings:
+def tracker_settings(settings: Settings, profile: Profile) -> TrackerSettings:
     return TrackerSettings(
-        profile=load_profile(settings),
+        profile=profile,
         interval_seconds=settings.delivery.poll_interval_seconds,
         backoff_factor=settings.delivery.backoff_factor,
         max_backoff_seconds=settings.delivery.max_backoff_seconds,
@@ -153,7 +154,7 @@ async def tracking(settings: Settings, proxy: Proxy) -> AsyncIterator[Tracker | 
     if not settings.delivery.poll:
         yield None
         return
-    tracker = Tracker(proxy.ledger, proxy.upstream, tracker_settings(settings))
+    tracker = Tracker(proxy.ledger, proxy.upstream, tracker_settings(settings, proxy.settings.profile))
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(tracker.run)

@@ -94,6 +94,7 @@ class Proxy:
     changed: set[str] = field(default_factory=set)
     """Upstream tools that differ from what was accepted (`hail-guard upstream accept`)."""
     _fingerprints: dict[str, str] = field(default_factory=dict)
+    _unlisted: set[str] = field(default_factory=set)
     guard: Guard = field(init=False)
     batches: Batches = field(init=False)
 
@@ -145,7 +146,20 @@ class Proxy:
         schemas = {name: tool.input_schema for name, tool in self.tools.items()}
         self.guarded = self.settings.profile.guarded(schemas, self.guarded_tools)
         self.guard.tool_schemas = {name: schemas[name] for name in self.guarded}
+        wanted = self.settings.profile.tools if self.guarded_tools is None else self.guarded_tools
+        self._warn_unlisted(set(wanted) - set(self.tools))
         await self._observe(self.tools)
+
+    def _warn_unlisted(self, unlisted: set[str]) -> None:
+        """A tool to guard that the upstream does not list (a misspelt name, a server of another version)."""
+        if unlisted and unlisted != self._unlisted:
+            log.warning(
+                "guarded_tools_not_listed",
+                tools=sorted(unlisted),
+                profile=self.settings.profile.source,
+                hint="the upstream lists no tool of these names; check them with hail-guard profile check",
+            )
+        self._unlisted = unlisted
 
     async def _observe(self, tools: Mapping[str, types.Tool]) -> None:
         """Compare each tool with what was accepted; the ledger is written only when something moved."""

@@ -12,14 +12,16 @@ from typing import Any
 
 import pytest
 from mcp import Client, types
+from structlog.testing import capture_logs
 
+from hail_guard import review
 from hail_guard.fake import FakeUpstream, from_profile
 from hail_guard.fake.command import faults_for
 from hail_guard.fake.servers import agentmail, resend
 from hail_guard.guard import GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.models import DeliveryState, State
-from hail_guard.profiles import Profile, built_in, load_profile
+from hail_guard.profiles import Profile, built_in, load_profile, parse_profile
 from hail_guard.server import Proxy, build_server
 from hail_guard.tracker import Tracker, TrackerSettings
 from hail_guard.upstream import UpstreamTarget, connect_upstream
@@ -120,6 +122,27 @@ async def test_a_message_another_operation_holds_does_not_settle_a_second_copy(t
         assert guard_view(second)["state"] == "unknown"
         assert await r.reconcile() == {guard_view(second)["operation_id"]: "needs_review"}
         assert r.sent() == {"Standup": 1}
+
+
+async def test_an_operator_resend_of_a_keyless_post_in_review_posts_it_once(tmp_path: Path) -> None:
+    async with rig(tmp_path, *chat(), "post_message:1:delay:5000") as r:
+        lost = await r.call("post_message", {"channel": "#ops", "text": "Paging on-call"})
+        await r.reconcile()
+        resent = await review.resend(r.proxy.guard, guard_view(lost)["operation_id"], reason="never left", actor="op")
+        assert resent.state is State.ACCEPTED
+        assert resent.provider_id == r.fake.outbox[0]["id"]
+        assert [entry["request"] for entry in r.fake.outbox] == [{"channel": "#ops", "text": "Paging on-call"}]
+        assert (await r.ledger.get(guard_view(lost)["operation_id"])).state is State.CANCELLED
+
+
+async def test_a_profile_tool_the_upstream_does_not_list_is_named_in_a_warning(tmp_path: Path) -> None:
+    misspelt = parse_profile((EXAMPLES / "chat.toml").read_text().replace('"post_message"', '"post_mesage"'), "typo")
+    with capture_logs() as logs:
+        async with rig(tmp_path, misspelt, FakeUpstream(from_profile(load_profile(str(EXAMPLES / "chat.toml"))))) as r:
+            await r.proxy.refresh_tools()
+    warned = [entry for entry in logs if entry["event"] == "guarded_tools_not_listed"]
+    assert [(entry["tools"], entry["profile"]) for entry in warned] == [(["post_mesage"], "typo")]  # once, not per list
+    assert r.proxy.guarded == set()
 
 
 async def test_a_keyless_tool_takes_hail_guards_own_key_and_never_forwards_it(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ key and what to do; `profile init` writes hostile tool text safely; `profile che
 
 from __future__ import annotations
 
+import json
+import sys
 import tomllib
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 from mcp import types
 
 from hail_guard import pointers
+from hail_guard.cli import main
 from hail_guard.config import load_settings
 from hail_guard.errors import ConfigError
 from hail_guard.fake import from_profile
@@ -77,6 +80,21 @@ def test_a_bad_profile_is_refused_naming_the_file_the_key_and_what_to_do(text: s
 def test_a_missing_profile_file_says_what_profile_takes(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"cannot read the profile .*nope\.toml.*built-in name \(hail, resend"):
         load_profile("nope.toml", tmp_path)
+
+
+def test_serve_with_a_bad_profile_exits_1_saying_what_to_fix_before_starting_the_upstream(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "bad.toml").write_text('[profile]\nname = "x"\n[[tools]]\nname = "post"\nrecipients = ["channel"]\n')
+    started = tmp_path / "started"
+    command = [sys.executable, "-c", f"open({str(started)!r}, 'w')"]
+    config = tmp_path / "hail-guard.toml"
+    config.write_text(f'[upstream]\nprofile = "bad.toml"\ncommand = {json.dumps(command)}\n')
+    assert main(["--config", str(config), "serve"]) == 1
+    said = capsys.readouterr().err
+    assert f"the profile {tmp_path / 'bad.toml'} is not valid: tools[0] (post).recipients[0]" in said
+    assert "write it with a leading slash" in said
+    assert not started.exists()
 
 
 def test_a_profile_file_is_found_beside_the_config_that_names_it(tmp_path: Path) -> None:

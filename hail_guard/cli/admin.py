@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import anyio
 from rich.text import Text
 
 from hail_guard import app, policy
@@ -145,7 +146,8 @@ async def _backup(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _prune(args: argparse.Namespace, settings: Settings) -> int:
-    seconds = policy.prune_age_seconds(args.older_than, key_retention_hours=app.key_retention_hours(settings))
+    retention = await anyio.to_thread.run_sync(app.key_retention_hours, settings)  # may read a profile file
+    seconds = policy.prune_age_seconds(args.older_than, key_retention_hours=retention)
     async with app.open_ledger_from(settings) as ledger:
         report = await ledger.prune(older_than_seconds=seconds)
     print(

@@ -94,7 +94,7 @@ def _write_new(path: str, text: str) -> None:
 
 async def _check(args: argparse.Namespace, settings: Settings) -> int:
     base = None if args.file in profiles.BUILT_IN else Path.cwd()
-    profile = profiles.load_profile(args.file, base)
+    profile = await anyio.to_thread.run_sync(profiles.load_profile, args.file, base)
     target = target_of(args.source, settings) if args.source else app.upstream_target(settings)
     _, tools = await listed_tools(target, settings)
     findings = check(profile, tools)
