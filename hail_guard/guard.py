@@ -146,13 +146,7 @@ class Guard:
     ) -> tuple[Intent, dict[str, Any]]:
         """Validate and derive everything the ledger needs; records nothing."""
         spec = self.spec(tool)
-        request = dict(arguments)
-        allow_duplicate = request.pop(ALLOW_DUPLICATE, False)
-        if not isinstance(allow_duplicate, bool):
-            raise BadInput(f"{ALLOW_DUPLICATE} must be true or false")
-        own_key = {}  # hail-guard's own key argument, for an upstream that takes none: recorded, never forwarded
-        if not spec.forwards_key and keys.KEY_FIELD in request:
-            own_key[keys.KEY_FIELD] = request.pop(keys.KEY_FIELD)
+        request, own_key, allow_duplicate = _split_arguments(spec, arguments)
         policy.validate_arguments(tool, request, input_schema)
         policy.check_rules(spec, request, input_schema)
         reaches = recipients.recipients_of(spec.channel, request, spec.recipients)  # refuses an unreadable one
@@ -443,6 +437,19 @@ def payload_of(result: types.CallToolResult) -> dict[str, Any] | None:
 def text_of(result: types.CallToolResult) -> str:
     """The text blocks of a result, joined."""
     return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
+
+
+def _split_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """The request to forward, hail-guard's own key argument (for an upstream that takes none: recorded, never
+    forwarded) and `allow_duplicate`, taken out of an agent's arguments."""
+    request = dict(arguments)
+    allow_duplicate = request.pop(ALLOW_DUPLICATE, False)
+    if not isinstance(allow_duplicate, bool):
+        raise BadInput(f"{ALLOW_DUPLICATE} must be true or false")
+    own_key = {}
+    if not spec.forwards_key and keys.KEY_FIELD in request:
+        own_key[keys.KEY_FIELD] = request.pop(keys.KEY_FIELD)
+    return request, own_key, allow_duplicate
 
 
 def _text(value: object) -> str | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -117,24 +118,15 @@ class Tracker:
         if lookup is None or not lookup.delivery:  # another tool on a polled channel: look again much later
             await self.ledger.record_delivery(operation.id, [], next_check_seconds=self.settings.max_backoff_seconds)
             return True
-        arguments = profiles.read_arguments(
-            lookup.arguments, operation.arguments(), provider_id=operation.provider_id, since=operation.created_at
-        ).arguments
-        tool = lookup.tool
         try:
-            result = await self.upstream.call_tool(tool, arguments, timeout_seconds=self.settings.timeout_seconds)
+            record = await self._read_back(operation, lookup)
         except UpstreamUnavailable as exc:
             log.warning("delivery_check_unavailable", error=str(exc))
             return False  # the held checks come due again when the hold runs out
         except UpstreamError as exc:
-            log.warning("delivery_check_failed", operation_id=operation.id, tool=tool, error=str(exc))
+            log.warning("delivery_check_failed", operation_id=operation.id, tool=lookup.tool, error=str(exc))
             return True
-        record = profiles.read_answer(result.structured_content, text_of(result), lookup.answer_text)
-        error = self.settings.profile.data.answers.error
-        if record is None or result.is_error or (error is not None and pointers.present(record, error)):
-            log.warning("delivery_check_unanswered", operation_id=operation.id, tool=tool, answer=str(record)[:200])
-            record = {}
-        observations = delivery.observations_of_record(operation.channel, record, detail=tool)
+        observations = delivery.observations_of_record(operation.channel, record, detail=lookup.tool)
         wait = self.settings.wait_after(operation.delivery_checks)
         updated = await self.ledger.record_delivery(operation.id, observations, next_check_seconds=wait)
         if updated.delivery_state != operation.delivery_state:
@@ -146,6 +138,21 @@ class Tracker:
                 source="poll",
             )
         return True
+
+    async def _read_back(self, operation: Operation, lookup: profiles.Lookup) -> dict[str, Any]:
+        """The upstream's record of one send, by its lookup; {} when the answer says nothing usable."""
+        arguments = profiles.read_arguments(
+            lookup.arguments, operation.arguments(), provider_id=operation.provider_id, since=operation.created_at
+        ).arguments
+        result = await self.upstream.call_tool(lookup.tool, arguments, timeout_seconds=self.settings.timeout_seconds)
+        record = profiles.read_answer(result.structured_content, text_of(result), lookup.answer_text)
+        error = self.settings.profile.data.answers.error
+        if record is None or result.is_error or (error is not None and pointers.present(record, error)):
+            log.warning(
+                "delivery_check_unanswered", operation_id=operation.id, tool=lookup.tool, answer=str(record)[:200]
+            )
+            return {}
+        return record
 
     def _finish_round(self) -> None:
         self.rounds += 1

@@ -34,25 +34,26 @@ _RESEND_NAMES = {
     429: "rate_limit_exceeded",
 }
 
+_RESEND_SEND = {
+    "to": _EMAILS,
+    "subject": {"type": "string", "description": "Email subject line"},
+    "text": {"type": "string", "description": "Plain text email content"},
+    "html": {"type": "string"},
+    "cc": _STRINGS,
+    "bcc": _STRINGS,
+    "from": {"type": "string", "minLength": 1, "description": "Sender, e.g. Acme <onboarding@resend.com>"},
+    "replyTo": _STRINGS,
+    "scheduledAt": {"type": "string"},
+    "attachments": {"type": "array", "items": {"type": "object"}},
+    "tags": {"type": "array", "items": {"type": "object"}},
+    "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+    "idempotencyKey": {"type": "string", "minLength": 1, "maxLength": 256, "description": "Idempotency key"},
+}
+
 
 def resend() -> Surface:
-    send = {
-        "to": _EMAILS,
-        "subject": {"type": "string", "description": "Email subject line"},
-        "text": {"type": "string", "description": "Plain text email content"},
-        "html": {"type": "string"},
-        "cc": _STRINGS,
-        "bcc": _STRINGS,
-        "from": {"type": "string", "minLength": 1, "description": "Sender, e.g. Acme <onboarding@resend.com>"},
-        "replyTo": _STRINGS,
-        "scheduledAt": {"type": "string"},
-        "attachments": {"type": "array", "items": {"type": "object"}},
-        "tags": {"type": "array", "items": {"type": "object"}},
-        "headers": {"type": "object", "additionalProperties": {"type": "string"}},
-        "idempotencyKey": {"type": "string", "minLength": 1, "maxLength": 256, "description": "Idempotency key"},
-    }
     tools = (
-        _tool("send-email", "Send Email", send, ["to", "subject", "text", "from"], None),
+        _tool("send-email", "Send Email", _RESEND_SEND, ["to", "subject", "text", "from"], None),
         _tool("get-email", "Get Email", {"id": {"type": "string"}}, ["id"], types.ToolAnnotations(read_only_hint=True)),
         _tool(
             "list-emails",
@@ -124,60 +125,64 @@ def _resend_error(status: int, message: str = "the request failed") -> Answer:
     return isError("Email failed to send: " + json.dumps(error, separators=(",", ":")))
 
 
+_AGENTMAIL_SEND = {
+    "inboxId": {"type": "string", "description": "ID of inbox"},
+    "to": _STRINGS,
+    "cc": _STRINGS,
+    "bcc": _STRINGS,
+    "subject": {"type": "string"},
+    "text": {"type": "string"},
+    "html": {"type": "string"},
+    "labels": _STRINGS,
+    "attachments": {"type": "array", "items": {"type": "object"}},
+    "replyTo": _STRINGS,
+}
+
+_WRITES = types.ToolAnnotations(
+    read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=True
+)
+
+_READS = types.ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=True)
+
+_AGENTMAIL_LISTING = {
+    "inboxId": {"type": "string"},
+    "limit": {"type": "number"},
+    "pageToken": {"type": "string"},
+    "labels": _STRINGS,
+    "before": {"type": "string"},
+    "after": {"type": "string"},
+    "ascending": {"type": "boolean"},
+    "from": _STRINGS,
+    "to": _STRINGS,
+    "subject": _STRINGS,
+}
+
+_AGENTMAIL_SENT = {
+    "type": "object",
+    "properties": {"messageId": {"type": "string"}, "threadId": {"type": "string"}},
+    "required": ["messageId", "threadId"],
+    "additionalProperties": False,
+}
+
+
 def agentmail() -> Surface:
-    send = {
-        "inboxId": {"type": "string", "description": "ID of inbox"},
-        "to": _STRINGS,
-        "cc": _STRINGS,
-        "bcc": _STRINGS,
-        "subject": {"type": "string"},
-        "text": {"type": "string"},
-        "html": {"type": "string"},
-        "labels": _STRINGS,
-        "attachments": {"type": "array", "items": {"type": "object"}},
-        "replyTo": _STRINGS,
-    }
-    writes = types.ToolAnnotations(
-        read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=True
-    )
-    reads = types.ToolAnnotations(
-        read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=True
-    )
-    listing = {
-        "inboxId": {"type": "string"},
-        "limit": {"type": "number"},
-        "pageToken": {"type": "string"},
-        "labels": _STRINGS,
-        "before": {"type": "string"},
-        "after": {"type": "string"},
-        "ascending": {"type": "boolean"},
-        "from": _STRINGS,
-        "to": _STRINGS,
-        "subject": _STRINGS,
-    }
-    sent = {
-        "type": "object",
-        "properties": {"messageId": {"type": "string"}, "threadId": {"type": "string"}},
-        "required": ["messageId", "threadId"],
-        "additionalProperties": False,
-    }
     tools = (
         _tool(
             "send_message",
             "Send an email from an inbox to one or more recipients.",
-            send,
+            _AGENTMAIL_SEND,
             ["inboxId", "to"],
-            writes,
-            sent,
+            _WRITES,
+            _AGENTMAIL_SENT,
         ),
         _tool(
             "get_message",
             "Get one message by ID with its full body.",
             {"inboxId": {"type": "string"}, "messageId": {"type": "string"}},
             ["inboxId", "messageId"],
-            reads,
+            _READS,
         ),
-        _tool("list_messages", "List messages in an inbox.", listing, ["inboxId"], reads),
+        _tool("list_messages", "List messages in an inbox.", _AGENTMAIL_LISTING, ["inboxId"], _READS),
     )
     return Surface(
         "agentmail",

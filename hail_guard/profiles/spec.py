@@ -90,17 +90,14 @@ def spec_of(entry: ToolEntry, defaults: ToolFields, answers: Answers, rules: Seq
 
     recipients = tuple(pick("recipients", DEFAULT_RECIPIENTS))
     sender, sender_names = tuple(pick("sender", ())), tuple(pick("sender_names", ()))
-    key_pointer = pick("key", None)
-    key = pointers.top_level(key_pointer) if key_pointer is not None else None
-    excluded = [*pick("not_content", ()), *recipients, *sender, *sender_names]
-    names = {pointers.top_level(pointer) for pointer in excluded} - {None}
+    key = pointers.top_level(key_pointer) if (key_pointer := pick("key", None)) is not None else None
     text = pick("answer_text", None)
     return ToolSpec(
         name=entry.name,
         channel=pick("channel", entry.name),
         recipients=recipients,
         content=_tuple(pick("content", None)),
-        not_content=frozenset({*(name for name in names if name), KEY_FIELD, ALLOW_DUPLICATE, key or KEY_FIELD}),
+        not_content=_not_content([*pick("not_content", ()), *recipients, *sender, *sender_names], key),
         sender=sender,
         sender_names=sender_names,
         key=key,
@@ -113,6 +110,12 @@ def spec_of(entry: ToolEntry, defaults: ToolFields, answers: Answers, rules: Seq
         answers=answers,
         retention_hours=hours,
     )
+
+
+def _not_content(named: Sequence[str], key: str | None) -> frozenset[str]:
+    """The top-level arguments that are not the message: those named, hail-guard's own, the key."""
+    names = {name for name in map(pointers.top_level, named) if name}
+    return frozenset({*names, KEY_FIELD, ALLOW_DUPLICATE, key or KEY_FIELD})
 
 
 def _tuple(values: Sequence[str] | None) -> tuple[str, ...] | None:
