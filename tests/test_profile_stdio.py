@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
@@ -89,10 +90,14 @@ def test_profile_init_drafts_a_profile_from_the_chat_fake(tmp_path: Path, capsys
     assert "ok: every pointer" in capsys.readouterr().out
 
 
-async def test_profile_init_and_check_work_against_the_sandbox(tmp_path: Path) -> None:
-    async with running_sandbox(tmp_path) as (url, _):
-        init = await _cli(tmp_path, "profile", "init", "--from", url)
-        check = await _cli(tmp_path, "profile", "check", "hail", "--from", url)
+async def test_profile_init_and_check_work_against_the_sandbox(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with running_sandbox(tmp_path) as (url, _):  # the command line, in a thread: it runs its own event loop
+        assert await anyio.to_thread.run_sync(main, ["profile", "init", "--from", url]) == 0
+        init = capsys.readouterr().out
+        assert await anyio.to_thread.run_sync(main, ["profile", "check", "hail", "--from", url]) == 0
+        check = capsys.readouterr().out
     draft = tomllib.loads(init)
     assert {tool["name"] for tool in draft["tools"]} == {"send_email", "send_sms", "place_call"}
     assert next(t for t in draft["tools"] if t["name"] == "send_email")["key"] == "/idempotency_key"
@@ -112,12 +117,3 @@ def test_profile_check_names_every_pointer_the_upstream_does_not_have(
     assert "shout\\x1b[31m" in out.out
     assert "\x1b" not in out.out
     assert "does not fit" in out.err
-
-
-async def _cli(cwd: Path, *argv: str) -> str:
-    """Run the real command line in its own process (it runs its own event loop); its stdout."""
-    import anyio
-
-    result = await anyio.run_process([sys.executable, "-m", "hail_guard", *argv], cwd=cwd, check=False)
-    assert result.returncode == 0, result.stderr.decode()
-    return result.stdout.decode()
