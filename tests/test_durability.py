@@ -34,7 +34,9 @@ if STRACE is None:
         pytest.fail("CI must run the syscall-order tests: strace is not installed (apt-get install strace)")
     pytest.skip("strace is not installed: apt-get install strace", allow_module_level=True)
 
-_CALL = re.compile(r"^(?P<pid>\d+)\s+(?P<name>\w+)\((?P<fd>\d+)<(?P<target>.*?)>(?=[,)])(?P<rest>.*)$")
+_CALL = re.compile(r"^(?P<pid>\d+)\s+(?P<name>\w+)\((?P<fd>\d+)<(?P<target>.*?)>(?=[,)]| <unfinished)(?P<rest>.*)$")
+"""A syscall on a descriptor; one whose only argument is the descriptor (`fdatasync(7<...> <unfinished ...>`)
+may be cut off right after it, when another thread's call is printed before it returns."""
 _RESUMED = re.compile(r"^(?P<pid>\d+)\s+<\.\.\. (?P<name>\w+) resumed>(?P<rest>.*)$")
 WRITES = frozenset({"write", "writev", "pwrite64", "sendto", "sendmsg"})
 READS = frozenset({"read", "recvfrom", "recvmsg"})
