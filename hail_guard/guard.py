@@ -191,10 +191,8 @@ class Guard:
         """Forward under the claim; any way out of here leaves an answer to record."""
         try:
             result = await self.upstream.call_tool(tool, request, timeout_seconds=self.settings.timeout_seconds)
-        except UpstreamUnavailable as exc:
-            return Answer(kind=AnswerKind.RETRY_LATER, error=str(exc), retry_after_seconds=5.0)
         except UpstreamError as exc:
-            return Answer(kind=AnswerKind.LOST, error=str(exc))
+            return policy.answer_of_failure(exc)
         except BaseException:
             # Cancelled (the agent gave up) or a bug: the request may have left. Record that first.
             lost = Answer(kind=AnswerKind.LOST, error="the call was interrupted while Hail had the request")
@@ -300,7 +298,7 @@ class Guard:
         except UpstreamUnavailable as exc:
             return policy.replay_not_made(str(exc))  # nothing left: no attempt spent
         except UpstreamError as exc:
-            answer = Answer(kind=AnswerKind.LOST, error=str(exc))
+            answer = policy.answer_of_failure(exc)
         else:
             answer = self._answer_of(operation.tool, result, request)
         return policy.outcome_of_replay(

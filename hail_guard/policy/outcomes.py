@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from hail_guard import pointers
+from hail_guard.errors import UpstreamError, UpstreamUnavailable
 from hail_guard.models import Answer, AnswerKind, Operation, Outcome, State
 from hail_guard.profiles import ToolSpec, read_answer
 
@@ -28,6 +29,8 @@ DEFAULT_RETRY_AFTER_SECONDS = 30.0
 """The wait the `hail` profile gives a rate limit that names none (its 429 pattern's `retry_after_seconds`)."""
 CHECK_AGAIN_SECONDS = 5.0
 """How soon reconcile looks again at an operation that is still unclear."""
+UNREACHABLE_RETRY_SECONDS = 5.0
+"""How soon a send that could not reach the upstream at all (nothing left) may be tried again."""
 RETENTION_MARGIN_SECONDS = 3600.0
 """Replays stop this long before the upstream's key retention runs out."""
 
@@ -73,6 +76,14 @@ def classify(
             error = f"{failed.reason}: {detail}"
             return Answer(kind=AnswerKind.REFUSED, result=dict(payload), provider_id=provider_id, error=error)
     return Answer(kind=AnswerKind.ACCEPTED, result=dict(payload), provider_id=provider_id)
+
+
+def answer_of_failure(error: UpstreamError) -> Answer:
+    """A call that raised instead of answering: when no connection was made nothing left, so the same key is
+    safe later; any other failure (a timeout, a dropped connection) may have come after the upstream had it."""
+    if isinstance(error, UpstreamUnavailable):
+        return Answer(kind=AnswerKind.RETRY_LATER, error=str(error), retry_after_seconds=UNREACHABLE_RETRY_SECONDS)
+    return Answer(kind=AnswerKind.LOST, error=str(error))
 
 
 def _classify_error(spec: ToolSpec, error: object, declared: Collection[str], unmatched: AnswerKind) -> Answer:
