@@ -10,9 +10,10 @@ read with h11; a connection that says nothing useful (a probe, a closed tab) is 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qs
 
 import anyio
@@ -75,6 +76,29 @@ class Callback:
         await _respond(stream, connection, 200 if done else 400, _DONE_PAGE if done else _REFUSED_PAGE)
 
 
+async def _serve(
+    listener: anyio.abc.Listener[anyio.abc.SocketStream],
+    handle: Callable[[anyio.abc.SocketStream], Coroutine[Any, Any, None]],
+) -> None:
+    """Accept until cancelled. A socket is taken from the kernel only once the listener is readable, with no
+    await between the accept and its owner: the block's end, cancelling an awaited accept, could leave a
+    connection that had just arrived (a browser's second request) without one."""
+    raw = listener.extra(anyio.abc.SocketAttribute.raw_socket)  # noqa: S610  (one host, one listener)
+    async with anyio.create_task_group() as tg:
+        while True:
+            await anyio.wait_readable(raw)
+            try:
+                accepted, _ = raw.accept()
+            except BlockingIOError:
+                continue  # the client gave up before it was taken
+            try:
+                stream = await anyio.abc.SocketStream.from_socket(accepted)
+            except BaseException:
+                accepted.close()
+                raise
+            tg.start_soon(handle, stream)
+
+
 async def _respond(stream: anyio.abc.SocketStream, connection: h11.Connection, status: int, page: str) -> None:
     body = page.encode()
     headers = [
@@ -103,7 +127,7 @@ async def receiving(port: int, *, required: bool) -> AsyncIterator[Callback]:
     callback = Callback(f"http://127.0.0.1:{bound}{CALLBACK_PATH}")
     try:
         async with listener, anyio.create_task_group() as tg:
-            tg.start_soon(listener.serve, callback.handle)
+            tg.start_soon(_serve, listener, callback.handle)
             try:
                 yield callback
             finally:
