@@ -21,8 +21,7 @@ import json
 import re
 import socket
 import struct
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -31,6 +30,8 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.abc import SocketAttribute
 from anyio.streams.buffered import BufferedByteReceiveStream
+
+from hail_guard import sockets
 
 Kind = Literal["drop", "reset", "half_close", "delay"]
 Phase = Literal["before", "after"]
@@ -107,20 +108,6 @@ def no_faults(request: Request) -> Fault | None:
     return None
 
 
-@contextmanager
-def _listening(port: int) -> Iterator[socket.socket]:
-    """A non-blocking TCP listener on 127.0.0.1:`port` (0: a free one), closed on exit."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", port))
-        listener.listen(128)
-        listener.setblocking(False)
-        yield listener
-    finally:
-        listener.close()
-
-
 class FaultProxy:
     """Listens on 127.0.0.1 (a free port) and relays to `host:port`; run it with `tg.start(proxy.run)`."""
 
@@ -157,35 +144,15 @@ class FaultProxy:
         """Serve until cancelled; `tg.start` returns the proxy's URL once it listens."""
         started = False
         while True:
-            with _listening(self._listen_port) as listener:
-                self._listen_port = listener.getsockname()[1]
+            listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=self._listen_port)
+            async with listener:
+                self._listen_port = listener.extra(SocketAttribute.local_port)  # noqa: S610  (anyio, not Django)
                 if not started:
                     task_status.started(self.url)
                     started = True
                 with anyio.CancelScope() as self._listener_scope:
-                    await self._serve(listener)
+                    await sockets.serve(listener, self._relay)  # a cut link's cancel loses no accepted socket
             await self._link_up.wait()
-
-    async def _serve(self, listener: socket.socket) -> None:
-        """Accept and relay; every accepted socket is closed, even one whose task never got to run.
-
-        A raw socket, accepted only once it is readable: a cancel (`cut_link`) then never lands between
-        the kernel's accept and the socket's owner, as it can inside an awaited accept (a leaked socket)."""
-        accepted: list[socket.socket] = []
-        try:
-            async with anyio.create_task_group() as tg:
-                while True:
-                    await anyio.wait_readable(listener)
-                    try:
-                        raw, _ = listener.accept()
-                    except BlockingIOError:
-                        continue  # another waiter, or a client that gave up, took it
-                    accepted.append(raw)
-                    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    tg.start_soon(self._relay, raw)
-        finally:
-            for raw in accepted:
-                raw.close()
 
     async def cut_link(self) -> None:
         """Close every connection and stop listening: new connections are refused until `restore_link`."""
@@ -219,15 +186,14 @@ class FaultProxy:
             changed, self._changed = self._changed, anyio.Event()
             changed.set()
 
-    async def _relay(self, raw: socket.socket) -> None:
+    async def _relay(self, client: anyio.abc.SocketStream) -> None:
         self.connections_made += 1
         with anyio.CancelScope() as scope:
             self._connections.add(scope)
             try:
-                async with await anyio.abc.SocketStream.from_socket(raw) as client:
-                    upstream = await anyio.connect_tcp(self.host, self.port)
-                    async with upstream:
-                        await _Connection(self, client, upstream).run()
+                upstream = await anyio.connect_tcp(self.host, self.port)
+                async with upstream:
+                    await _Connection(self, client, upstream).run()
             except _BROKEN:
                 pass  # either side went away: this connection is over
             finally:

@@ -10,10 +10,9 @@ read with h11; a connection that says nothing useful (a probe, a closed tab) is 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import parse_qs
 
 import anyio
@@ -22,6 +21,7 @@ import h11
 import structlog
 from mcp.client.auth import AuthorizationCodeResult
 
+from hail_guard import sockets
 from hail_guard.errors import HailGuardError
 
 log = structlog.get_logger(__name__)
@@ -51,11 +51,11 @@ class Callback:
         )
 
     async def handle(self, stream: anyio.abc.SocketStream) -> None:
-        async with stream:
-            try:
-                await self._answer(stream)
-            except (h11.ProtocolError, anyio.EndOfStream, anyio.BrokenResourceError, TimeoutError, OSError) as exc:
-                log.debug("signin_callback_unreadable", error=type(exc).__name__)  # a probe, a closed tab...
+        """Answer one connection (`sockets.serve` closes it)."""
+        try:
+            await self._answer(stream)
+        except (h11.ProtocolError, anyio.EndOfStream, anyio.BrokenResourceError, TimeoutError, OSError) as exc:
+            log.debug("signin_callback_unreadable", error=type(exc).__name__)  # a probe, a closed tab...
 
     async def _answer(self, stream: anyio.abc.SocketStream) -> None:
         connection = h11.Connection(h11.SERVER)
@@ -74,29 +74,6 @@ class Callback:
         self.done.set()
         done = "code" in self.answer
         await _respond(stream, connection, 200 if done else 400, _DONE_PAGE if done else _REFUSED_PAGE)
-
-
-async def _serve(
-    listener: anyio.abc.Listener[anyio.abc.SocketStream],
-    handle: Callable[[anyio.abc.SocketStream], Coroutine[Any, Any, None]],
-) -> None:
-    """Accept until cancelled. A socket is taken from the kernel only once the listener is readable, with no
-    await between the accept and its owner: the block's end, cancelling an awaited accept, could leave a
-    connection that had just arrived (a browser's second request) without one."""
-    raw = listener.extra(anyio.abc.SocketAttribute.raw_socket)  # noqa: S610  (one host, one listener)
-    async with anyio.create_task_group() as tg:
-        while True:
-            await anyio.wait_readable(raw)
-            try:
-                accepted, _ = raw.accept()
-            except BlockingIOError:
-                continue  # the client gave up before it was taken
-            try:
-                stream = await anyio.abc.SocketStream.from_socket(accepted)
-            except BaseException:
-                accepted.close()
-                raise
-            tg.start_soon(handle, stream)
 
 
 async def _respond(stream: anyio.abc.SocketStream, connection: h11.Connection, status: int, page: str) -> None:
@@ -127,7 +104,7 @@ async def receiving(port: int, *, required: bool) -> AsyncIterator[Callback]:
     callback = Callback(f"http://127.0.0.1:{bound}{CALLBACK_PATH}")
     try:
         async with listener, anyio.create_task_group() as tg:
-            tg.start_soon(_serve, listener, callback.handle)
+            tg.start_soon(sockets.serve, listener, callback.handle)
             try:
                 yield callback
             finally:
