@@ -32,10 +32,10 @@ from typing import Any
 from bench.figures import Figure, median, ms, percentile
 from bench.workload import lead_email
 from hail_guard.guard import Guard, GuardSettings
-from hail_guard.ledger import Ledger, core, open_ledger, sql, sqlite_path
-from hail_guard.ledger.postgres import CONTENT_LOCK_SPACE, message_locks
+from hail_guard.ledger import Ledger, open_ledger, sql, sqlite_path
+from hail_guard.ledger.postgres import begin_arguments
 from hail_guard.models import Intent
-from hail_guard.policy import blocking_states
+from hail_guard.same_send import Rules
 
 _SQLITE_NOW = sql.NOW["sqlite"]
 RATIO_TARGET = 1.5
@@ -43,7 +43,7 @@ WORK_BATCH = "batch-bench-work"
 OPT_OUTS = 1_000
 LEASE_SECONDS = 3600.0
 """Long enough that no claim made during the timing expires before it ends."""
-DUPLICATE_WINDOW_SECONDS = 24 * 3600.0
+RULES = Rules(window_seconds=24 * 3600.0)
 OPERATIONS = ("begin_send", "claim_ready", "find_by_key", "claim_unknown")
 
 # One history row: a request and an answer of realistic size. `{i}` is the row number (SQL text).
@@ -240,7 +240,7 @@ async def time_operations(url: str, shape: Shape) -> dict[str, list[float]]:
                 intents[n],
                 owner="bench",
                 lease_seconds=LEASE_SECONDS,
-                duplicate_window_seconds=DUPLICATE_WINDOW_SECONDS,
+                rules=RULES,
             ),
             "claim_ready": lambda n: _claim_ready(ledger),
             "find_by_key": lambda n: ledger.find_by_key(keys[n]),
@@ -293,15 +293,11 @@ _SQLITE_QUERIES = {
     "claim_unknown": _SQLITE["claim_unknown_due"],
     "find_by_key": _SQLITE["operation_by_key"],
     "begin_send: the same message to a recipient": _SQLITE["matches"],
+    "begin_send: what holds a recipient": _SQLITE["holds"],
+    "begin_send: other messages a recipient has": _SQLITE["near"],
     "expire leases": _SQLITE["expire_leases"],
 }
 _PG = sql.statements("postgres")
-
-
-def _states_as_sent() -> tuple[str, bool]:
-    """`policy.blocking_states` as `begin_send` sends them: the states as a JSON list."""
-    states, closed_block = blocking_states(allow_duplicate=False)
-    return json.dumps(states), closed_block
 
 
 _FULL_SCAN_SQLITE = re.compile(r"\bSCAN (operations|events|suppressions|s)\b(?! USING)")
@@ -336,7 +332,7 @@ async def postgres_plans(url: str) -> list[dict[str, Any]]:
     import asyncpg
 
     queries: dict[str, tuple[str, tuple[Any, ...]]] = {
-        "claim_ready": (_PG["claim_ready_in_batch"], ("bench", LEASE_SECONDS, 1, "bench", WORK_BATCH)),
+        "claim_ready": (_PG["claim_ready_in_batch"], ("bench", LEASE_SECONDS, 1, "bench", True, WORK_BATCH)),
         "claim_unknown": (_PG["claim_unknown_due"], ("bench", LEASE_SECONDS, None, 1)),
         "find_by_key": (_PG["operation_by_key"], ("hist:lead1:email:intro",)),
         "expire leases": (_PG["expire_leases"], ("bench",)),
@@ -366,18 +362,7 @@ async def _begin_send_plans(db: Any) -> list[dict[str, Any]]:
     transaction = db.transaction()
     await transaction.start()
     try:
-        await db.fetchrow(
-            _PG["begin_send"],
-            "plan-op",
-            *core.intent_values(intent),
-            "bench",
-            LEASE_SECONDS,
-            DUPLICATE_WINDOW_SECONDS,
-            *_states_as_sent(),
-            CONTENT_LOCK_SPACE,
-            message_locks(intent),
-            "bench",
-        )
+        await db.fetchrow(_PG["begin_send"], *begin_arguments(intent, "bench", LEASE_SECONDS, RULES, None))
     finally:
         await transaction.rollback()
     plans = []

@@ -93,7 +93,10 @@ def guard_settings(settings: Settings, profile: Profile) -> GuardSettings:
         timeout_seconds=settings.upstream.timeout_seconds,
         lease_seconds=settings.guard.lease_seconds,
         max_reconcile_attempts=settings.guard.max_reconcile_attempts,
-        duplicate_window_hours=settings.guard.duplicate_window_hours or None,
+        duplicate_window_hours=settings.guard.duplicate_window_hours,
+        similarity_threshold=settings.guard.similarity_threshold or None,
+        hold_lead_across_channels=settings.guard.hold_lead_across_channels,
+        default_region=settings.guard.default_region,
     )
 
 

@@ -3,10 +3,14 @@
 A batch is planned whole or not at all: every send is validated and keyed like a single guarded
 call, then all are recorded in one transaction (`ready`, or `planned` until an operator approves).
 Sends stream from the file through the checks into the ledger, so a batch of any size is never held
-in memory: only each send's key and content fingerprint are kept, to refuse repeats.
+in memory: only each send's key and, per recipient, its message are kept, to refuse repeats. One text
+to many leads (a campaign) is never a repeat: two sends repeat each other only when they carry the same
+message to a shared recipient (`same_send`).
 Dispatch reconciles the batch's `unknown` operations first, then claims `ready` ones with bounded
-concurrency; it can be run again at any time and never resends an accepted operation. A worker is
-the same loop, run until stopped, over every batch or one.
+concurrency; it can be run again at any time and never resends an accepted operation. A send whose
+recipient (or lead) has an unresolved send is held when it would be claimed: it stays `ready` while the
+rest goes on, and goes once what holds it is settled. A worker is the same loop, run until stopped, over
+every batch or one.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import anyio
 import structlog
 
+from hail_guard import same_send
 from hail_guard.crashpoints import crash_point
 from hail_guard.errors import BadInput, RefusedByPolicy, UpstreamUnavailable
 from hail_guard.guard import Guard, claim_token
@@ -57,12 +62,7 @@ class Batches:
         batch_id = f"batch-{uuid.uuid4().hex[:12]}"
         state = State.PLANNED if self.require_approval else State.READY
         count = await self.guard.ledger.plan_batch(
-            batch_id=batch_id,
-            name=name,
-            intents=self._intents(sends),
-            state=state,
-            actor=actor,
-            duplicate_window_seconds=self.guard.duplicate_window_seconds(),
+            batch_id=batch_id, name=name, intents=self._intents(sends), state=state, actor=actor, rules=self.guard.rules
         )
         log.info("batch_planned", batch_id=batch_id, sends=count, state=state)
         return batch_id
@@ -91,7 +91,7 @@ class Batches:
 
     async def run(self, batch_id: str, *, concurrency: int = 4, progress: Progress | None = None) -> BatchStatus:
         """Settle the batch's unknowns, then send what is ready; safe to run again at any time."""
-        before = await self.guard.ledger.batch_status(batch_id)  # NotFound for a batch that does not exist
+        before = await self.status(batch_id)  # NotFound for a batch that does not exist
         reconciled = await self.guard.reconcile(batch_id=batch_id)
         if reconciled:
             log.info("batch_reconciled", batch_id=batch_id, operations=len(reconciled))
@@ -105,7 +105,11 @@ class Batches:
                 await progress(done, total)
 
         await drain(self.guard, concurrency=concurrency, batch_id=batch_id, on_sent=on_sent)
-        return await self.guard.ledger.batch_status(batch_id)
+        return await self.status(batch_id)
+
+    async def status(self, batch_id: str) -> BatchStatus:
+        """The batch's counts, unresolved sends and held sends (held as the guard's settings hold them)."""
+        return await self.guard.ledger.batch_status(batch_id, hold_lead=self.guard.settings.hold_lead_across_channels)
 
 
 async def drain(
@@ -125,7 +129,11 @@ async def drain(
         while stop is None or not stop.is_set():
             owner = claim_token()
             claimed = await guard.ledger.claim_ready(
-                owner=owner, lease_seconds=guard.settings.lease, batch_id=batch_id, limit=1
+                owner=owner,
+                lease_seconds=guard.settings.lease,
+                batch_id=batch_id,
+                limit=1,
+                hold_lead=guard.settings.hold_lead_across_channels,
             )
             if not claimed:
                 return
@@ -167,29 +175,35 @@ async def run_worker(
 
 
 class _Repeats:
-    """Two sends in one batch may not share a key, nor (unless allowed) the same content."""
+    """Two sends in one batch may not share a key, nor (unless allowed) carry the same message to a shared
+    recipient: the same tool, message and sender (`same_send`) for one recipient key."""
 
     def __init__(self) -> None:
         self._keys: dict[str, str] = {}
-        self._contents: dict[str, str] = {}
+        self._messages: dict[tuple[str, str, str], list[tuple[str, dict[str, str]]]] = {}
 
     @property
     def empty(self) -> bool:
         return not self._keys
 
     def check(self, send: PlannedSend, intent: Intent) -> None:
-        self._once(self._keys, intent.idempotency_key, send, intent, "the same key")
-        if not intent.allow_duplicate:
-            self._once(self._contents, intent.content_fingerprint, send, intent, "the same content")
+        if intent.idempotency_key in self._keys:
+            said = f"the same key ({intent.idempotency_key!r}); give each send its own metadata ids or key"
+            raise _refused(self._keys[intent.idempotency_key], send, said)
+        self._keys[intent.idempotency_key] = send.where
+        if intent.allow_duplicate:
+            return
+        sender = json.loads(intent.sender)
+        for recipient in same_send.keys_of_intent(intent):
+            earlier = self._messages.setdefault((intent.tool, intent.content_fingerprint, recipient), [])
+            for where, their_sender in earlier:
+                if same_send.senders_agree(their_sender, sender):
+                    raise _refused(where, send, f"the same message for {recipient}; leave one of them out")
+            earlier.append((send.where, sender))
 
-    @staticmethod
-    def _once(seen: dict[str, str], value: str, send: PlannedSend, intent: Intent, what: str) -> None:
-        if value in seen:
-            raise RefusedByPolicy(
-                f"{seen[value]} and {send.where} have {what} ({intent.idempotency_key!r}); "
-                "nothing was planned. Give each send its own metadata ids or key"
-            )
-        seen[value] = send.where
+
+def _refused(earlier: str, send: PlannedSend, what: str) -> RefusedByPolicy:
+    return RefusedByPolicy(f"{earlier} and {send.where} have {what}; nothing was planned")
 
 
 def sends_from_tool(arguments: Sequence[object]) -> list[PlannedSend]:

@@ -102,7 +102,18 @@ class GuardSection(_Section):
     require_approval: bool = False
     """Batches start `planned` and wait for `hail-guard batch approve`."""
     duplicate_window_hours: float = Field(default=24.0, ge=0)
-    """A new key for content sent within this many hours is refused as a probable duplicate; 0: off."""
+    """Settled sends (accepted, or closed by an operator after they may have left) are compared with a new send
+    while they first left within this many hours; unresolved and waiting sends are compared at any age. 0:
+    settled sends are not compared, nothing more."""
+    similarity_threshold: float = Field(default=0.85, ge=0, le=1)
+    """A new text at least this similar to one a recipient has on the channel (within the window) is refused as a
+    probable duplicate (a paraphrased retry); 0: texts are not compared."""
+    hold_lead_across_channels: bool = True
+    """While a send to a lead (the metadata's campaign_id and lead_id) is unresolved, nothing new goes to that lead
+    on any channel."""
+    default_region: str | None = None
+    """Where a phone number written without its country code is read (ISO 3166 code, e.g. `GB`); unset: such a
+    number is refused."""
 
     @field_validator("key_template")
     @classmethod
@@ -110,6 +121,18 @@ class GuardSection(_Section):
         if value is not None:
             keys.template_fields(value)
         return value
+
+    @field_validator("default_region")
+    @classmethod
+    def _check_region(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        import phonenumbers  # here: only a region given needs it
+
+        region = value.strip().upper()
+        if region not in phonenumbers.SUPPORTED_REGIONS:
+            raise ValueError(f"{value!r} is not a region phone numbers are known for; give an ISO 3166 code like GB")
+        return region
 
 
 MIN_TOKEN_CHARACTERS = 32

@@ -16,7 +16,8 @@
     ├── RefusedByPolicy        a rule refuses the request before anything is recorded
     │   ├── KeyConflict            an existing key with a different request
     │   ├── Suppressed             the recipient opted out
-    │   └── ProbableDuplicate      a new key for content that was already sent
+    │   ├── ProbableDuplicate      a new key for a message a recipient has, or may have (or nearly the same)
+    │   └── Held                   a recipient (or lead) has a send that is not settled: nothing new goes yet
     ├── WebhookRefused         a webhook that is forged, stale or replayed (401), or unreadable (400)
     └── NotFound               no such operation
 
@@ -105,6 +106,14 @@ class Suppressed(RefusedByPolicy):
 
 class ProbableDuplicate(RefusedByPolicy):
     """A new key for content already sent (or maybe sent) within the duplicate window."""
+
+    def __init__(self, message: str, *, operation_id: str) -> None:
+        super().__init__(message)
+        self.operation_id = operation_id
+
+
+class Held(RefusedByPolicy):
+    """A new send to a recipient (or lead) whose earlier send is `sending`, `unknown` or `needs_review`."""
 
     def __init__(self, message: str, *, operation_id: str) -> None:
         super().__init__(message)

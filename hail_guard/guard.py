@@ -23,7 +23,7 @@ import anyio
 import structlog
 from mcp import types
 
-from hail_guard import keys, pointers, policy, profiles, recipients
+from hail_guard import keys, nesting, pointers, policy, profiles, recipients, same_send
 from hail_guard.crashpoints import check as check_crash_points
 from hail_guard.crashpoints import crash_point
 from hail_guard.errors import (
@@ -69,8 +69,15 @@ class GuardSettings:
     lease_seconds: float | None = None
     """How long a claim lasts; default: the upstream timeout plus a margin."""
     max_reconcile_attempts: int = 5
-    duplicate_window_hours: float | None = 24.0
-    """A new key for content sent within this window is refused as a probable duplicate (None: off)."""
+    duplicate_window_hours: float = 24.0
+    """Settled sends are compared with a new one while they first left within this window (0: none are);
+    unresolved and waiting sends always are (`same_send`)."""
+    similarity_threshold: float | None = same_send.DEFAULT_SIMILARITY
+    """A text this similar to one a recipient has (within the window) is a probable duplicate; None: off."""
+    hold_lead_across_channels: bool = True
+    """While a send to a lead (`campaign_id` and `lead_id`) is unresolved, nothing new goes to that lead."""
+    default_region: str | None = None
+    """Where a phone number without its country code is read (ISO 3166, `GB`); None: such numbers are refused."""
     profile: Profile = field(default_factory=profiles.hail)
     """The upstream's contract (`[upstream] profile`; the built-in `hail` by default)."""
 
@@ -99,24 +106,22 @@ class Guard:
         error naming a field it does not declare is Hail failing to read its own answer, not a refusal."""
 
     async def send(self, tool: str, arguments: Mapping[str, Any], input_schema: Mapping[str, Any]) -> SendReport:
-        intent, request = self.prepare(tool, arguments, input_schema)
+        try:
+            intent, request = self.prepare(tool, arguments, input_schema)
+        except BadInput as refused:  # the ledger first: a retry it recognises is answered whatever its new form
+            return await self._answer_retry_or_refuse(tool, arguments, refused)
         self.tool_schemas[tool] = input_schema
         try:
             await self.upstream.wait_connected()  # refused before anything is recorded
         except UpstreamUnavailable:
             # A retry of a send that may already have left is answered from the ledger, never "not sent".
-            existing = await self.ledger.find_by_key(intent.idempotency_key)
+            existing = await self._find_by_keys(intent)
             if existing is None or existing.state is State.READY:
                 raise
             return self._answer_from_ledger(existing, intent, request)
         crash_point("before_intent")
         owner = claim_token()
-        begin = await self.ledger.begin_send(
-            intent,
-            owner=owner,
-            lease_seconds=self.settings.lease,
-            duplicate_window_seconds=self.duplicate_window_seconds(),
-        )
+        begin = await self.ledger.begin_send(intent, owner=owner, lease_seconds=self.settings.lease, rules=self.rules)
         if not begin.claimed:
             return self._answer_from_ledger(begin.operation, intent, request)
         crash_point("after_intent")
@@ -133,24 +138,41 @@ class Guard:
             crash_point("after_answer")
             return await self._record(operation, owner, outcome)
 
-    def duplicate_window_seconds(self) -> float | None:
-        hours = self.settings.duplicate_window_hours
-        return hours * 3600.0 if hours is not None else None
+    @property
+    def rules(self) -> same_send.Rules:
+        """The rules about the same send, as the settings make them (`same_send.Rules`)."""
+        settings = self.settings
+        return same_send.Rules(
+            window_seconds=settings.duplicate_window_hours * 3600.0,
+            hold_lead=settings.hold_lead_across_channels,
+            similarity_threshold=settings.similarity_threshold,
+            text_of=self._text_of,
+        )
+
+    def _text_of(self, operation: Operation) -> str:
+        return same_send.message_text(self.spec(operation.tool), operation.arguments())
 
     def spec(self, tool: str) -> ToolSpec:
         """How the profile guards `tool`."""
         return self.settings.profile.spec(tool)
 
     def prepare(
-        self, tool: str, arguments: Mapping[str, Any], input_schema: Mapping[str, Any]
+        self, tool: str, arguments: Mapping[str, Any], input_schema: Mapping[str, Any] | None
     ) -> tuple[Intent, dict[str, Any]]:
-        """Validate and derive everything the ledger needs; records nothing."""
+        """Validate (against `input_schema` and the profile's rules, unless it is None) and derive everything the
+        ledger needs; records nothing."""
         spec = self.spec(tool)
         request, own_key, allow_duplicate = _split_arguments(spec, arguments)
-        policy.validate_arguments(tool, request, input_schema)
-        policy.check_rules(spec, request, input_schema)
-        reaches = recipients.recipients_of(spec.channel, request, spec.recipients)  # refuses an unreadable one
-        key = keys.derive_key(spec, {**request, **own_key}, self.settings.key_template)
+        if input_schema is not None:
+            policy.validate_arguments(tool, request, input_schema)
+            policy.check_rules(spec, request, input_schema)
+        else:
+            nesting.check_arguments(tool, request)  # every step below recurses once per level
+        region = self.settings.default_region
+        reaches = recipients.recipients_of(spec.channel, request, spec.recipients, region=region)  # refuses bad ones
+        derived_from = {**request, **own_key}
+        key = keys.derive_key(spec, derived_from, self.settings.key_template, region=region)
+        legacy = keys.legacy_key(spec, derived_from) if key.startswith(keys.MEANING_PREFIX) else None
         if spec.key is not None:
             request[spec.key] = key  # the upstream takes the key: it is part of what is forwarded
         text = keys.canonical_json(request)
@@ -164,18 +186,46 @@ class Guard:
             recipients=reaches,
             request=text,
             request_fingerprint=keys.fingerprint(text),
-            content_fingerprint=keys.content_fingerprint(spec, request),
-            sender=keys.canonical_json(keys.sender_of(spec, request)),
+            content_fingerprint=same_send.content_fingerprint(spec, request),
+            sender=keys.canonical_json(same_send.sender_of(spec, request, region=region)),
+            lead=same_send.lead_of(spec, request),
             allow_duplicate=allow_duplicate,
+            legacy_key=legacy,
+            text=same_send.message_text(spec, request),
             **{name: _text(metadata.get(name)) for name in keys.METADATA_KEY_FIELDS},
         )
         return intent, request
 
+    async def _find_by_keys(self, intent: Intent) -> Operation | None:
+        """The operation under the send's key, else under the key an earlier version derived for it."""
+        found = await self.ledger.find_by_key(intent.idempotency_key)
+        if found is None and intent.legacy_key is not None:
+            found = await self.ledger.find_by_key(intent.legacy_key)
+        return found
+
+    async def _answer_retry_or_refuse(self, tool: str, arguments: Mapping[str, Any], refused: BadInput) -> SendReport:
+        """A send its schema or a rule refuses: a retry of a send the ledger has is answered from it (or refused as
+        its recipients' unresolved send says), before the schema's word; anything else gets `refused`."""
+        try:
+            intent, request = self.prepare(tool, arguments, None)
+        except BadInput:
+            raise refused from None
+        existing = await self._find_by_keys(intent)
+        if existing is not None and same_send.repeats(existing, intent):
+            return self._answer_from_ledger(existing, intent, request)
+        found = await self.ledger.same_send_candidates(intent, self.rules)
+        verdict = same_send.judge(intent, intent.text, found, self.rules)
+        if verdict.finding is same_send.Finding.SAME and verdict.operation is not None:
+            return self._answer_from_ledger(verdict.operation, intent, request)
+        if verdict.finding in (same_send.Finding.NEW, same_send.Finding.NEAR):
+            raise refused
+        raise policy.refusal(intent, verdict)
+
     def _answer_from_ledger(self, existing: Operation, intent: Intent, request: dict[str, Any]) -> SendReport:
         """A send the ledger already has: under its key (the same message, in any form), or another key's
         operation that carries the same message to the same recipients."""
-        if existing.idempotency_key == intent.idempotency_key and not (
-            existing.request_fingerprint == intent.request_fingerprint or policy.same_meaning(existing, intent)
+        if existing.idempotency_key in (intent.idempotency_key, intent.legacy_key) and not same_send.repeats(
+            existing, intent
         ):
             raise policy.key_conflict(self.spec(intent.tool), existing, intent, request)
         log.info(

@@ -1,16 +1,21 @@
-"""Canonical JSON, fingerprints and idempotency keys.
+"""Idempotency keys: the caller's, a template's, the campaign's, or one derived from the send's meaning.
 
-`canonical_json` is the one function that turns arguments into bytes: the same text is hashed
-for fingerprints, stored in the ledger and forwarded upstream, so a replay is byte-identical. What a
-tool's message is, who it is from and where its key goes come from its profile (`ToolSpec`).
+What a tool's message is, who it is from and where its key goes come from its profile (`ToolSpec`);
+canonical JSON and fingerprints are `hail_guard.canonical`'s (re-exported here).
 
 Key derivation (DESIGN.md, keys), in order:
 1. the caller's own key, validated: in the upstream's key argument (the profile's `key`, Hail's
    `idempotency_key`), or in hail-guard's own `idempotency_key` for an upstream that takes none;
 2. the configured template, when one is set (a template that cannot be filled is refused);
 3. `campaign_id:lead_id:channel:message_id` when `metadata` carries all three;
-4. a content key `hg:<channel>:<hash>` over the canonical request, so a plain repeat is the same
-   operation.
+4. a meaning key `hgm:<channel>:<hash>` over what the send means (the tool, its recipients in their
+   normal form, its message by meaning and its sender: `same_send.meaning_digest`), so every form of a
+   regenerated retry gets the same key, in this ledger and in any other: a second proxy, or a ledger
+   restored from an old backup, sends it under the key the upstream already holds.
+
+Keys already in ledgers never change. Before meaning keys, step 4 gave a content key `hg:<channel>:<hash>`
+over the canonical request (`legacy_key`); the guard still looks that form up, so a retry after an
+upgrade finds its operation. Golden vectors (tests/test_golden_keys.py) pin both forms.
 
 The one other key ever minted is an operator's deliberate resend (`resend_key`): a new action,
 `<original key>:resend:<n>`.
@@ -18,96 +23,39 @@ The one other key ever minted is an operator's deliberate resend (`resend_key`):
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import re
 import string
-import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hail_guard import pointers, profiles
+from hail_guard import profiles, same_send
+from hail_guard.canonical import canonical_json, fingerprint
 from hail_guard.errors import BadInput, ConfigError
 from hail_guard.profiles import ToolSpec
-from hail_guard.recipients import BadRecipient, normalise_recipient
+from hail_guard.recipients import recipients_of
+
+__all__ = [  # canonical JSON and fingerprints are hail_guard.canonical's; callers that derive keys find them here
+    "KEY_FIELD",
+    "MEANING_PREFIX",
+    "canonical_json",
+    "derive_key",
+    "fingerprint",
+    "legacy_key",
+    "resend_key",
+    "template_fields",
+    "validate_key",
+]
 
 KEY_FIELD = profiles.KEY_FIELD
 """hail-guard's own key argument (and Hail's): where a caller gives its key when the profile names no other."""
 MAX_KEY_LENGTH = 255
 METADATA_KEY_FIELDS = ("campaign_id", "lead_id", "message_id")
-_WHITESPACE = re.compile(r"\s+")
+MEANING_PREFIX = "hgm:"
+"""Keys derived from a send's meaning (step 4)."""
+LEGACY_PREFIX = "hg:"
+"""Keys derived from a request's bytes, before meaning keys (`legacy_key`)."""
 _RESEND_SUFFIX = re.compile(r"^(?P<original>.+):resend:(?P<n>[0-9]+)$")
 _PLACEHOLDER = re.compile(r"^(channel|tool|metadata\.[A-Za-z0-9_]+|[A-Za-z_][A-Za-z0-9_]*)$")
-
-
-def canonical_json(value: Any) -> str:
-    """Sorted keys, no insignificant whitespace, UTF-8 kept; NaN and infinities refused."""
-    _refuse_non_finite(value)
-    try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (ValueError, TypeError, RecursionError) as exc:  # e.g. an integer of more than 4,300 digits
-        raise BadInput(f"the arguments are not a JSON value hail-guard can record: {exc}") from None
-
-
-def _refuse_non_finite(value: Any) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise BadInput(f"{value!r} is not a JSON number; send a finite number or a string")
-    if isinstance(value, Mapping):
-        for item in value.values():
-            _refuse_non_finite(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _refuse_non_finite(item)
-
-
-def fingerprint(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def content_fingerprint(spec: ToolSpec, arguments: Mapping[str, Any]) -> str:
-    """What a message says, by meaning: the same for every form an agent's regenerated retry takes.
-
-    Only the message counts (`ToolSpec.message`: the profile's `content`, else every argument but the
-    recipients, sender, key and `not_content`; recipients are matched one by one, the sender only when both
-    sends name one). Text is NFC with its whitespace collapsed; null, empty text, empty lists and empty
-    objects count as absent; 2.0 is 2. Used to recognise a retry, never to derive a key (keys never change
-    between versions: `derive_key`).
-    """
-    message = meaning_of(spec.message(arguments))
-    return fingerprint(canonical_json({"tool": spec.name, "message": message or {}}))
-
-
-def sender_of(spec: ToolSpec, arguments: Mapping[str, Any]) -> dict[str, str]:
-    """The sender fields a send gives, in their compared form (an address or number normalised, a name
-    case-folded), by name."""
-    sender: dict[str, str] = {}
-    for pointer in (*spec.sender, *spec.sender_names):
-        value = meaning_of(pointers.resolve(arguments, pointer))
-        if value is None:
-            continue
-        text, name = str(value), pointers.shown(pointer)
-        try:
-            sender[name] = normalise_recipient(text, spec.channel) if pointer in spec.sender else text.casefold()
-        except BadRecipient:
-            sender[name] = text.casefold()
-    return sender
-
-
-def meaning_of(value: Any) -> Any:
-    """`value` with the differences of form removed (see `content_fingerprint`); None when it is empty."""
-    if isinstance(value, str):
-        text = _WHITESPACE.sub(" ", unicodedata.normalize("NFC", value)).strip()
-        return text or None
-    if isinstance(value, Mapping):
-        kept = {str(name): meaning_of(item) for name, item in value.items()}
-        return {name: item for name, item in kept.items() if item is not None} or None
-    if isinstance(value, list | tuple):
-        items = [item for item in (meaning_of(item) for item in value) if item is not None]
-        return items or None
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    return value
 
 
 def validate_key(key: object, field: str = KEY_FIELD) -> str:
@@ -148,9 +96,12 @@ def template_fields(template: str) -> list[str]:
     return names
 
 
-def derive_key(spec: ToolSpec, arguments: Mapping[str, Any], template: str | None = None) -> str:
+def derive_key(
+    spec: ToolSpec, arguments: Mapping[str, Any], template: str | None = None, *, region: str | None = None
+) -> str:
     """The idempotency key for these arguments (see the module docstring for the order); the caller's own
-    key is in `spec.key_field` (the upstream's key argument, else hail-guard's `idempotency_key`)."""
+    key is in `spec.key_field` (the upstream's key argument, else hail-guard's `idempotency_key`). `region`
+    reads national phone numbers, as for the send's recipients."""
     if spec.key_field in arguments:
         return validate_key(arguments[spec.key_field], spec.key_field)
     tool, channel = spec.name, spec.channel
@@ -160,7 +111,16 @@ def derive_key(spec: ToolSpec, arguments: Mapping[str, Any], template: str | Non
     if isinstance(metadata, Mapping) and all(_usable(metadata.get(f)) for f in METADATA_KEY_FIELDS):
         campaign, lead, message = (str(metadata[f]) for f in METADATA_KEY_FIELDS)
         return validate_key(f"{campaign}:{lead}:{channel}:{message}")
-    return f"hg:{channel}:{fingerprint(canonical_json(dict(arguments)))[:32]}"
+    reached = recipients_of(channel, arguments, spec.recipients, region=region)
+    content = same_send.content_fingerprint(spec, arguments)
+    sender = same_send.sender_of(spec, arguments, region=region)
+    return f"{MEANING_PREFIX}{channel}:{same_send.meaning_digest(spec, reached, content, sender)[:32]}"
+
+
+def legacy_key(spec: ToolSpec, arguments: Mapping[str, Any]) -> str:
+    """The content key earlier versions derived in step 4 (over the request's canonical bytes): still looked
+    up, never derived for a new send."""
+    return f"{LEGACY_PREFIX}{spec.channel}:{fingerprint(canonical_json(dict(arguments)))[:32]}"
 
 
 def _usable(value: object) -> bool:

@@ -58,15 +58,23 @@ class Intent(BaseModel):
     """Canonical JSON of the arguments exactly as forwarded (the key included)."""
     request_fingerprint: str
     content_fingerprint: str
-    """What the message says, by meaning (`keys.content_fingerprint`): how a regenerated retry is recognised."""
+    """What the message says, by meaning (`same_send.content_fingerprint`): how a regenerated retry is
+    recognised."""
     sender: str = "{}"
-    """The sender fields it gives, normalised, as canonical JSON (`keys.sender_of`)."""
+    """The sender fields it gives, normalised, as canonical JSON (`same_send.sender_of`)."""
     campaign_id: str | None = None
     lead_id: str | None = None
     message_id: str | None = None
     batch_id: str | None = None
+    lead: str | None = None
+    """Who it is for in the caller's records (`same_send.lead_of`): a send to a lead with an unresolved send
+    waits."""
     allow_duplicate: bool = False
     """Not stored: lets a deliberate repeat of earlier content through the duplicate guard."""
+    legacy_key: str | None = None
+    """Not stored: the key an earlier version derived for this send (`keys.legacy_key`), looked up too."""
+    text: str = ""
+    """Not stored: the message as one text (`same_send.message_text`), compared for near-same messages."""
 
 
 class Operation(BaseModel):
@@ -85,6 +93,7 @@ class Operation(BaseModel):
     lead_id: str | None = None
     message_id: str | None = None
     batch_id: str | None = None
+    lead: str | None = None
     state: State
     provider_id: str | None = None
     result: dict[str, Any] | None = None
@@ -253,12 +262,21 @@ class PruneReport(BaseModel):
     webhook_deliveries: int
 
 
+class HeldSend(BaseModel):
+    """A `ready` send that waits: a recipient (or its lead) has an unresolved send (`held_by`)."""
+
+    operation: Operation
+    held_by: Operation
+
+
 class BatchStatus(BaseModel):
     batch_id: str
     name: str | None
     counts: dict[State, int]
     unresolved: list[Operation]
     """Operations a human or reconcile still has to settle (sending, unknown, needs_review)."""
+    held: list[HeldSend] = []
+    """`ready` sends that wait for another send to the same recipient (or lead) to be settled (the first 100)."""
 
     @property
     def total(self) -> int:

@@ -1,19 +1,25 @@
 """Who a send reaches: every recipient field of a tool, each address or number in one normal form.
 
 `normalise_recipient` is the one normalisation of the whole program: opt-outs are stored in it,
-the ledger stores an operation's recipients in it, and the duplicate guard compares them in it.
-Two spellings that reach the same mailbox or number give the same text:
+the ledger stores an operation's recipients in it, and every rule about the same send compares them in
+it. Two spellings that reach the same mailbox or number give the same text:
 
-- an email address loses its display name (`Élodie <élodie@example.com>`), a `mailto:` prefix and
-  a trailing dot of the domain; it is NFC-normalised and case-folded, and a punycode domain
-  (`xn--...`) is read as Unicode. Invisible characters (zero-width spaces, bidi controls, soft
-  hyphens...) and whitespace inside an address are refused, never silently dropped: what reaches
-  Hail is what was written.
-- a phone number is written in E.164 (`+1 (415) 555-0190` -> `+14155550190`, a `(0)` trunk prefix
-  dropped); a number without its country code, or one that cannot be a number, is refused.
+- an email address is read by `email-validator` (RFC 5322 syntax, IDNA 2008 with the UTS 46 mapping):
+  it loses its display name (`Élodie <élodie@example.com>`), a `mailto:` prefix and a trailing dot of
+  the domain; full-width forms and other compatibility characters read as what they stand for (NFKC,
+  and UTS 46's mapping of the ideographic full stop in a domain); quotes that change nothing go (`"ada"@example.com`); a
+  punycode domain (`xn--...`) is read as Unicode; the whole is lower-cased, never case-folded, so
+  `straße.de` and `strasse.de` stay two domains. Invisible characters (zero-width spaces, bidi
+  controls, soft hyphens...) and whitespace inside an address are refused, never silently dropped: what
+  reaches the upstream is what was written.
+- a phone number is read by `phonenumbers` and written in E.164 (`+1 (415) 555-0190` -> `+14155550190`,
+  a `(0)` trunk prefix dropped); a number without its country code is read in the `region` given
+  (`[guard] default_region`), else refused, as is one that cannot be a number.
 
-`recipient_keys` adds, for an address with a sub-address (`ada+news@example.com`), the mailbox it
-reaches (`ada@example.com`): an opt-out of the mailbox covers every sub-address of it.
+`key_of` is the mailbox a recipient reaches: a sub-address (`ada+news@example.com`) is its mailbox
+(`ada@example.com`). Keys are what opt-outs are stored and probed by, and what the rules about the same
+send compare: an opt-out of `ada+news@` stops `ada@` and `ada+promo@` alike, and a send to one of them
+while another is unresolved is held the same way.
 """
 
 from __future__ import annotations
@@ -36,18 +42,20 @@ PHONE_CHANNELS = frozenset({"sms", "call"})
 MAX_RECIPIENT_LENGTH = 320
 _INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
 _DISPLAY_FORM = re.compile(r"^(?P<name>.*)<(?P<address>[^<>]*)>$", re.DOTALL)
+_NUMBER_SHAPE = re.compile(r"^(tel:)?[+＋]?[\d\s().\-／/０-９]+$", re.IGNORECASE)
 
 
 class BadRecipient(BadInput):
     """A recipient that cannot be read as an address or a number; nothing is recorded."""
 
 
-def normalise_recipient(text: str, channel: str | None = None) -> str:
+def normalise_recipient(text: str, channel: str | None = None, *, region: str | None = None) -> str:
     """The one form of a recipient (see the module docstring); `BadRecipient` when there is none.
 
     `channel` says what it is: `email`, or `sms`/`call` (a phone number); any other channel (or
     None, or `all`) reads a text with an `@` as an address and one that looks like a number as a
-    number, and anything else as a name compared in NFC, case-folded.
+    number, and anything else as a name compared in NFC, lower-cased. `region` (ISO 3166, `GB`) reads
+    a national number.
     """
     if not isinstance(text, str):
         raise BadRecipient(f"a recipient must be text, not {type(text).__name__}")
@@ -60,33 +68,33 @@ def normalise_recipient(text: str, channel: str | None = None) -> str:
     if channel in EMAIL_CHANNELS or (channel not in PHONE_CHANNELS and "@" in trimmed):
         return _address(trimmed)
     if channel in PHONE_CHANNELS or _looks_like_number(trimmed):
-        return _number(trimmed)
-    return _folded(trimmed)
+        return _number(trimmed, region)
+    return _lowered(trimmed)
 
 
-def comparable(text: str, channel: str | None = None) -> str:
-    """`normalise_recipient` where it can; else (a value recorded before it, a query) the text trimmed and folded.
+def comparable(text: str, channel: str | None = None, *, region: str | None = None) -> str:
+    """`normalise_recipient` where it can; else (a value recorded before it, a query) the text trimmed and
+    lower-cased.
 
     For comparing, never for recording a new send: there an unreadable recipient is refused.
     """
     try:
-        return normalise_recipient(text, channel)
+        return normalise_recipient(text, channel, region=region)
     except BadRecipient:
-        return _folded(text.strip())
+        return _lowered(text.strip())
 
 
-def recipient_keys(recipient: str) -> list[str]:
-    """What an opt-out is probed by for one normalised recipient: itself, and the mailbox of a sub-address."""
+def key_of(recipient: str) -> str:
+    """The mailbox a normalised recipient reaches: an address without its sub-address (`ada+news@` is
+    `ada@`); anything else itself. What opt-outs and the rules about the same send compare."""
     local, at, domain = recipient.rpartition("@")
-    if at and "+" in local.lstrip("+"):
-        mailbox = f"{local.split('+', 1)[0] or local}@{domain}"
-        if mailbox != recipient:
-            return [recipient, mailbox]
-    return [recipient]
+    if at and "+" in local.lstrip("+") and not local.startswith('"'):
+        return f"{local.split('+', 1)[0] or local}@{domain}"
+    return recipient
 
 
 def recipients_of(
-    channel: str, arguments: Mapping[str, Any], fields: Sequence[str] = RECIPIENT_POINTERS
+    channel: str, arguments: Mapping[str, Any], fields: Sequence[str] = RECIPIENT_POINTERS, *, region: str | None = None
 ) -> tuple[str, ...]:
     """Every recipient of a send in `fields` (JSON pointers: to, cc, bcc, ... alike), normalised, each once,
     in the order given."""
@@ -94,16 +102,15 @@ def recipients_of(
     for field in fields:
         for value in _values(pointers.resolve(arguments, field)):
             try:
-                found[normalise_recipient(value, channel)] = None
+                found[normalise_recipient(value, channel, region=region)] = None
             except BadRecipient as exc:
                 raise BadRecipient(f"{pointers.shown(field)}: {exc}") from None
     return tuple(found)
 
 
-def keys_of(recipients: Iterable[str], channel: str | None = None) -> list[str]:
-    """Every opt-out probe key of these recipients (normalised first, as `comparable`), each once."""
-    forms = (comparable(recipient, channel) for recipient in recipients)
-    return list(dict.fromkeys(key for form in forms for key in recipient_keys(form)))
+def keys_of(recipients: Iterable[str], channel: str | None = None, *, region: str | None = None) -> list[str]:
+    """The key of each of these recipients (read as `comparable` first), each once, in order."""
+    return list(dict.fromkeys(key_of(comparable(recipient, channel, region=region)) for recipient in recipients))
 
 
 def _values(value: object) -> list[Any]:
@@ -124,18 +131,31 @@ def _refuse_invisible(text: str) -> None:
 
 
 def _address(text: str) -> str:
+    from email_validator import EmailNotValidError, validate_email  # here: only addresses need it (20 ms)
+
     display = _DISPLAY_FORM.match(text)
-    address = (display["address"] if display else text).strip()
+    address = unicodedata.normalize("NFKC", (display["address"] if display else text).strip())
     if address.lower().startswith("mailto:"):
         address = address[len("mailto:") :]
     local, at, domain = address.rpartition("@")
-    domain = domain.rstrip(".")
-    if not at or not local or not domain or any(ch.isspace() or ch in "<>@" for ch in local + domain):
+    if not at or not local or any(ch.isspace() for ch in address):
         raise BadRecipient(f"{_shown(text)} is not an email address such as ada@example.com")
-    return _folded(f"{local}@{_unicode_domain(domain)}")
+    try:
+        read = validate_email(
+            f"{local}@{_unicode_domain(domain.removesuffix('.'))}",
+            check_deliverability=False,
+            allow_quoted_local=True,
+            allow_domain_literal=True,
+            globally_deliverable=False,
+            test_environment=True,
+        )
+    except EmailNotValidError as exc:
+        raise BadRecipient(f"{_shown(text)} is not an email address such as ada@example.com ({exc})") from None
+    return str(read.normalized).lower()
 
 
 def _unicode_domain(domain: str) -> str:
+    """Punycode labels (`xn--...`) read as Unicode, lower-cased: IDNA then maps and checks the whole."""
     labels = []
     for label in domain.split("."):
         if label.lower().startswith("xn--"):
@@ -143,36 +163,34 @@ def _unicode_domain(domain: str) -> str:
                 label = codecs.decode(label[4:].encode("ascii"), "punycode")
             except (UnicodeError, ValueError):
                 raise BadRecipient(f"the domain {domain!r} has a label that is not valid punycode") from None
-        labels.append(label)
+        labels.append(label.lower())
     return ".".join(labels)
-
-
-_NUMBER_SHAPE = re.compile(r"^(tel:)?[+＋]?[\d\s().\-／/０-９]+$", re.IGNORECASE)
 
 
 def _looks_like_number(text: str) -> bool:
     return bool(_NUMBER_SHAPE.match(text)) and sum(ch.isdigit() for ch in text) >= 3
 
 
-def _number(text: str) -> str:
+def _number(text: str, region: str | None) -> str:
     import phonenumbers  # here: only phone numbers need it (about 20 ms to import)
 
     try:
-        number = phonenumbers.parse(text, None)
+        number = phonenumbers.parse(text, region)
     except phonenumbers.NumberParseException:
         number = None
     if number is None or not phonenumbers.is_possible_number(number):
+        where = f" or as a number of {region}" if region else ""
         raise BadRecipient(
-            f"{_shown(text)} is not a phone number in international form: write it with + and the country "
-            "code, such as +14155550100"
+            f"{_shown(text)} is not a phone number in international form{where}: write it with + and the "
+            "country code, such as +14155550100 (or set [guard] default_region for national numbers)"
         )
     formatted: str = phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
     return formatted
 
 
-def _folded(text: str) -> str:
-    """NFC, case-folded, NFC again (case folding can undo the composition)."""
-    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", text).casefold())
+def _lowered(text: str) -> str:
+    """NFC, lower-cased, NFC again (lower-casing can undo the composition); never case-folded."""
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", text).lower())
 
 
 def _shown(text: str) -> str:

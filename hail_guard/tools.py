@@ -156,7 +156,7 @@ async def _plan_batch(host: Host, arguments: dict[str, Any], progress: Progress 
     await host.know_tools()
     sends = sends_from_tool(arguments["sends"])
     batch_id = await host.batches.plan(sends, name=arguments.get("name"), actor="agent")
-    return views.data_result(views.batch_view(await host.ledger.batch_status(batch_id)))
+    return views.data_result(views.batch_view(await host.batches.status(batch_id)))
 
 
 async def _run_batch(host: Host, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
@@ -167,7 +167,7 @@ async def _run_batch(host: Host, arguments: dict[str, Any], progress: Progress |
 
 
 async def _batch_status(host: Host, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
-    return views.data_result(views.batch_view(await host.ledger.batch_status(arguments["batch_id"])))
+    return views.data_result(views.batch_view(await host.batches.status(arguments["batch_id"])))
 
 
 async def _record_opt_out(host: Host, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:

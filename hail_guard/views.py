@@ -72,18 +72,35 @@ def delivery_view(events: Sequence[DeliveryEvent]) -> list[dict[str, Any]]:
 
 def batch_view(status: BatchStatus) -> dict[str, Any]:
     unresolved = [operation_view(op) for op in status.unresolved]
+    held = [
+        {
+            "operation_id": held.operation.id,
+            "recipients": held.operation.recipients,
+            "held_by": held.held_by.id,
+            "held_by_state": held.held_by.state.value,
+        }
+        for held in status.held
+    ]
     return {
         "batch_id": status.batch_id,
         "name": status.name,
         "total": status.total,
         "counts": {state.value: count for state, count in status.counts.items()},
         "unresolved": unresolved,
-        "next_step": (
-            "run_batch sends what is ready; unresolved sends are settled by reconcile or a human"
-            if status.counts.get(State.READY) or unresolved
-            else "nothing left to send"
-        ),
+        "held": held,
+        "next_step": _batch_step(status),
     }
+
+
+def _batch_step(status: BatchStatus) -> str:
+    if status.held:
+        return (
+            f"{len(status.held)} ready send(s) wait while another send to the same recipient (or lead) is unresolved "
+            "(`held`): settle those (reconcile, or a human), and run_batch sends them; the rest goes meanwhile"
+        )
+    if status.counts.get(State.READY) or status.unresolved:
+        return "run_batch sends what is ready; unresolved sends are settled by reconcile or a human"
+    return "nothing left to send"
 
 
 def data_result(data: Mapping[str, Any]) -> types.CallToolResult:

@@ -13,11 +13,12 @@ from datetime import UTC, datetime
 import pytest
 from mcp import MCPError
 
-from hail_guard import keys, policy
+from hail_guard import keys, policy, same_send
 from hail_guard.errors import HailGuardError
 from hail_guard.guard import SendReport
 from hail_guard.models import Intent, Operation, State
 from hail_guard.profiles import hail
+from hail_guard.same_send import Candidates, Finding, Rules, Verdict
 from hail_guard.server import _send_result
 from hail_guard.upstream import map_error
 from tests.conftest import text
@@ -38,7 +39,7 @@ def operation(state: State, **changes: object) -> Operation:
         "recipients": ["ada@example.com"],
         "request": text_,
         "request_fingerprint": keys.fingerprint(text_),
-        "content_fingerprint": keys.content_fingerprint(hail().spec("send_email"), REQUEST),
+        "content_fingerprint": same_send.content_fingerprint(hail().spec("send_email"), REQUEST),
         "state": state,
         "created_at": NOW,
         "updated_at": NOW,
@@ -63,7 +64,7 @@ def intent(**changes: object) -> Intent:
         "recipients": ("ada@example.com", "bob@example.com"),
         "request": "{}",
         "request_fingerprint": "r",
-        "content_fingerprint": keys.content_fingerprint(hail().spec("send_email"), REQUEST),
+        "content_fingerprint": same_send.content_fingerprint(hail().spec("send_email"), REQUEST),
     }
     return Intent.model_validate({**values, **changes})
 
@@ -97,21 +98,34 @@ def _raised(call: object) -> str:
 def refusals() -> dict[str, tuple[str, Operation | None]]:
     """Every refusal an agent can meet about an earlier operation: text, and the operation it names."""
     found: dict[str, tuple[str, Operation | None]] = {}
+    rules = Rules()
     for name, earlier in OPERATIONS.items():
-        found[f"overlap with {name}"] = (_raised(lambda e=earlier: policy.repeat_of(intent(), [e])), earlier)
+        found[f"overlap with {name}"] = (str(policy.refusal(intent(), Verdict(Finding.OVERLAP, earlier))), earlier)
+        both = earlier.model_copy(update={"recipients": ["ada@example.com", "bob@example.com"]})
         found[f"subset of {name}"] = (
             _raised(
-                lambda e=earlier: policy.repeat_of(
-                    intent(recipients=("ada@example.com",)),
-                    [e.model_copy(update={"recipients": ["ada@example.com", "bob@example.com"]})],
-                )
+                lambda e=both: policy.decide(intent(recipients=("ada@example.com",)), Candidates(matches=[e]), rules)
             ),
             earlier,
         )
         found[f"allow_duplicate against {name}"] = (
-            _raised(lambda e=earlier: policy.repeat_of(intent(allow_duplicate=True), [e])),
+            str(policy.refusal(intent(allow_duplicate=True), Verdict(Finding.SECOND_COPY, earlier))),
             earlier,
         )
+        found[f"a paraphrase of {name}"] = (
+            str(policy.refusal(intent(), Verdict(Finding.NEAR, earlier, 0.93))),
+            earlier,
+        )
+        if earlier.state in same_send.HOLDING:
+            found[f"a new send held by {name}"] = (
+                str(policy.refusal(intent(), Verdict(Finding.HELD, earlier))),
+                earlier,
+            )
+            by_lead = earlier.model_copy(update={"channel": "sms", "recipients": ["+14155550100"]})
+            found[f"a new send held by its lead's {name} sms"] = (
+                str(policy.refusal(intent(), Verdict(Finding.HELD, by_lead))),
+                by_lead,
+            )
         found[f"a changed message under the key of {name}"] = (
             str(
                 policy.key_conflict(
@@ -121,10 +135,8 @@ def refusals() -> dict[str, tuple[str, Operation | None]]:
             earlier,
         )
         found[f"a batch repeating {name}"] = (
-            _raised(
-                lambda e=earlier: (_ for _ in ()).throw(
-                    policy.already_planned(intent(recipients=("ada@example.com",)), [e], 3)
-                )
+            str(
+                policy.already_planned(intent(recipients=("ada@example.com",)), Candidates(matches=[earlier]), rules, 3)
             ),
             earlier,
         )

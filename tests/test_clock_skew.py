@@ -34,6 +34,7 @@ from hail_guard.models import Intent, Operation, Outcome, State
 from hail_guard.sandbox import Sandbox, parse_fault, serve_http
 from tests.conftest import email
 from tests.postgres import PostgresServer
+from tests.test_ledger_contract import accepted_outcome
 from tests.test_ledger_contract import intent as contract_intent
 from tests.test_workers import HG
 
@@ -68,7 +69,10 @@ def python_clock_off_by(hours: float) -> Iterator[None]:
 
 
 def intent(name: str, batch_id: str | None = None) -> Intent:
-    return contract_intent(f"clock:{name}", body=f"Hello {name}").model_copy(update={"batch_id": batch_id})
+    """A send of its own to a recipient of its own (one recipient's unresolved send would hold the next)."""
+    return contract_intent(f"clock:{name}", body=f"Hello {name}", to=f"{name}@example.com").model_copy(
+        update={"batch_id": batch_id}
+    )
 
 
 async def claimed_by_the_database_clock(ledger: Ledger, claim: Any) -> Operation:
@@ -122,11 +126,15 @@ async def test_a_worker_whose_clock_is_hours_off_neither_steals_nor_loses_leases
         assert await honest.claim_unknown(owner="honest", lease_seconds=LEASE_SECONDS) == []
         assert not (await honest.begin_send(intent("mine"), owner="honest", lease_seconds=LEASE_SECONDS)).claimed
         for operation in (live, reconciling):  # the honest worker kept its leases: its completions are not fenced off
-            recorded = await honest.record_outcome(operation.id, owner="honest", outcome=ACCEPTED, actor="honest")
+            recorded = await honest.record_outcome(
+                operation.id, owner="honest", outcome=accepted_outcome(operation.id), actor="honest"
+            )
             assert recorded.state is State.ACCEPTED
         with python_clock_off_by(skew_hours):
             for operation in (recovered, mine, batched):
-                recorded = await skewed.record_outcome(operation.id, owner="skewed", outcome=ACCEPTED, actor="skewed")
+                recorded = await skewed.record_outcome(
+                    operation.id, owner="skewed", outcome=accepted_outcome(operation.id), actor="skewed"
+                )
                 assert recorded.state is State.ACCEPTED
 
 
@@ -187,7 +195,9 @@ async def test_worker_processes_hours_ahead_and_behind_send_each_once_and_leave_
                 [event.to_state for event in await honest.events(op.id)]
                 for op in await honest.list_operations(batch_id=batch_id, state=State.ACCEPTED, limit=sends)
             ]
-            recorded = await honest.record_outcome(held.id, owner="honest", outcome=ACCEPTED, actor="honest")
+            recorded = await honest.record_outcome(
+                held.id, owner="honest", outcome=accepted_outcome(held.id), actor="honest"
+            )
         tg.cancel_scope.cancel()
 
     assert codes == [0, 0]

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from hail_guard import drill, keys, policy
+from hail_guard import drill, policy, same_send
 from hail_guard.batch import Batches
 from hail_guard.cli import drill as command_line
 from hail_guard.config import Settings
@@ -117,7 +117,7 @@ async def test_without_a_seed_one_is_chosen_and_printed(capsys: pytest.CaptureFi
 async def test_a_failing_scenario_exits_1_and_says_how_to_replay_it(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    no_duplicate_window(monkeypatch)
+    no_same_send_rules(monkeypatch)
     code = await command_line.drill_command(command("--json", "--seed", "9", "--scenario", "11"), Settings())
     report = json.loads(capsys.readouterr().out)
     assert code == command_line.EXIT_FAILED
@@ -132,7 +132,7 @@ async def test_a_failing_scenario_exits_1_and_says_how_to_replay_it(
 async def test_the_table_names_the_failed_check(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    no_duplicate_window(monkeypatch)
+    no_same_send_rules(monkeypatch)
     code = await command_line.drill_command(command("--scenario", "11", "--seed", "3"), Settings())
     out = capsys.readouterr().out
     assert code == command_line.EXIT_FAILED
@@ -140,13 +140,14 @@ async def test_the_table_names_the_failed_check(
     assert "Replay: hail-guard drill --seed 3" in " ".join(out.split())
 
 
-async def test_a_configured_duplicate_window_of_0_is_rehearsed_and_fails_scenario_11(
+async def test_a_duplicate_window_of_0_still_answers_a_new_key_for_an_unresolved_send_from_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """The window bounds only what has settled: an `unknown` send is compared at any age (it released it once)."""
     settings = Settings.model_validate({"guard": {"duplicate_window_hours": 0}})
     code = await command_line.drill_command(command("--json", "--scenario", "11", "--seed", "1"), settings)
-    assert code == command_line.EXIT_FAILED
-    assert json.loads(capsys.readouterr().out)["scenarios"][0]["sent"] == 2
+    assert code == command_line.EXIT_OK
+    assert json.loads(capsys.readouterr().out)["scenarios"][0]["sent"] == 1
 
 
 async def test_the_same_seed_makes_the_same_choices() -> None:
@@ -323,9 +324,9 @@ def key_retention_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(policy, "plan_reconcile", ageless)
 
 
-def no_duplicate_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    """11: no duplicate window: a new key for the same content goes through."""
-    monkeypatch.setattr(Guard, "duplicate_window_seconds", lambda self: None)
+def no_same_send_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """11: a new key for the same content is recorded whatever the ledger holds (no rule about the same send)."""
+    monkeypatch.setattr(policy, "decide", lambda intent, found, rules, position=None: None)
 
 
 def gateway_error_taken_as_failed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -334,9 +335,9 @@ def gateway_error_taken_as_failed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def retries_compared_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
-    """13: a message's fingerprint is its exact form (as before retries were recognised by meaning)."""
-    exact = lambda spec, arguments: keys.fingerprint(keys.canonical_json({"tool": spec.name, **arguments}))  # noqa: E731
-    monkeypatch.setattr(keys, "content_fingerprint", exact)
+    """13: a message's meaning is its exact form (as before retries were recognised by meaning): its fingerprint and
+    its key differ with every regenerated form."""
+    monkeypatch.setattr(same_send, "meaning_of", lambda value: value)
 
 
 SABOTAGE: dict[int, Callable[[pytest.MonkeyPatch], None]] = {
@@ -350,7 +351,7 @@ SABOTAGE: dict[int, Callable[[pytest.MonkeyPatch], None]] = {
     8: reconcile_mints_a_new_key,
     9: expired_lease_made_ready,
     10: key_retention_ignored,
-    11: no_duplicate_window,
+    11: no_same_send_rules,
     12: gateway_error_taken_as_failed,
     13: retries_compared_byte_for_byte,
 }

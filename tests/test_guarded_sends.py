@@ -37,7 +37,7 @@ async def test_the_key_and_content_key_forwarded_are_the_derived_ones(tmp_path: 
         plain = email(metadata={"note": "no ids"})
         result = await harness.call("send_email", plain)
         key = data(result)["hail_guard"]["idempotency_key"]
-        assert key.startswith("hg:email:")
+        assert key.startswith("hgm:email:")
         assert harness.sandbox.outbox[0]["idempotency_key"] == key
 
 

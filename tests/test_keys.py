@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hail_guard import keys
+from hail_guard import keys, same_send
 from hail_guard.errors import BadInput, ConfigError
 from hail_guard.profiles import hail
 
@@ -44,21 +44,27 @@ def test_canonical_json_refuses_non_finite_numbers(bad: float) -> None:
 
 
 @given(json_objects, st.sampled_from(["send_email", "send_sms", "place_call"]))
-def test_content_key_is_deterministic_and_names_the_channel(value: dict[str, Any], tool: str) -> None:
-    value.pop("idempotency_key", None)
-    value.pop("metadata", None)
-    key = keys.derive_key(hail().spec(tool), value)
-    assert key == keys.derive_key(hail().spec(tool), dict(reversed(list(value.items()))))
+def test_the_legacy_content_key_is_deterministic_and_names_the_channel(value: dict[str, Any], tool: str) -> None:
+    key = keys.legacy_key(hail().spec(tool), value)
+    assert key == keys.legacy_key(hail().spec(tool), dict(reversed(list(value.items()))))
     assert key.startswith(f"hg:{hail().spec(tool).channel}:")
 
 
 @given(json_objects, json_objects)
-def test_different_requests_get_different_content_keys(a: dict[str, Any], b: dict[str, Any]) -> None:
-    for value in (a, b):
-        value.pop("idempotency_key", None)
-        value.pop("metadata", None)
+def test_different_requests_get_different_legacy_content_keys(a: dict[str, Any], b: dict[str, Any]) -> None:
     if keys.canonical_json(a) != keys.canonical_json(b):
-        assert keys.derive_key(hail().spec("send_email"), a) != keys.derive_key(hail().spec("send_email"), b)
+        assert keys.legacy_key(hail().spec("send_email"), a) != keys.legacy_key(hail().spec("send_email"), b)
+
+
+@given(
+    st.dictionaries(st.sampled_from(["subject", "body_text", "body_html", "reply_to"]), st.text(max_size=20)),
+    st.sampled_from(["send_email", "send_sms", "place_call"]),
+)
+def test_the_meaning_key_is_deterministic_and_names_the_channel(message: dict[str, Any], tool: str) -> None:
+    value = {**message, "to": ["a@example.com"] if tool == "send_email" else "+14155550100"}
+    key = keys.derive_key(hail().spec(tool), value)
+    assert key == keys.derive_key(hail().spec(tool), dict(reversed(list(value.items()))))
+    assert key.startswith(f"hgm:{hail().spec(tool).channel}:")
 
 
 def test_the_same_content_on_two_channels_gets_two_keys() -> None:
@@ -71,9 +77,9 @@ def test_metadata_ids_make_the_documented_key() -> None:
     assert keys.derive_key(hail().spec("send_email"), args) == "campaign_042:lead_018:email:intro"
 
 
-def test_partial_metadata_falls_back_to_the_content_key() -> None:
+def test_partial_metadata_falls_back_to_the_meaning_key() -> None:
     args = {"to": ["a@example.com"], "metadata": {"campaign_id": "c1", "lead_id": "l1"}}
-    assert keys.derive_key(hail().spec("send_email"), args).startswith("hg:email:")
+    assert keys.derive_key(hail().spec("send_email"), args).startswith("hgm:email:")
 
 
 def test_a_callers_key_is_used_as_is() -> None:
@@ -106,12 +112,9 @@ def test_content_fingerprint_ignores_key_and_metadata_but_not_the_message() -> N
     base = {"to": ["a@example.com"], "subject": "Hi", "body_text": "Hello"}
     same = {**base, "idempotency_key": "k2", "metadata": {"x": 1}, "allow_duplicate": True}
     changed = {**base, "body_text": "Hello!"}
-    assert keys.content_fingerprint(hail().spec("send_email"), base) == keys.content_fingerprint(
-        hail().spec("send_email"), same
-    )
-    assert keys.content_fingerprint(hail().spec("send_email"), base) != keys.content_fingerprint(
-        hail().spec("send_email"), changed
-    )
+    spec = hail().spec("send_email")
+    assert same_send.content_fingerprint(spec, base) == same_send.content_fingerprint(spec, same)
+    assert same_send.content_fingerprint(spec, base) != same_send.content_fingerprint(spec, changed)
 
 
 def test_canonical_json_refuses_what_it_cannot_write() -> None:

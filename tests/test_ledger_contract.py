@@ -22,15 +22,16 @@ from hail_guard.models import (
     Webhook,
     WebhookOutcome,
 )
+from hail_guard.same_send import Rules
 
 
-def intent(key: str = "c1:l1:email:intro", body: str = "Hello") -> Intent:
-    request = keys.canonical_json({"to": ["a@example.com"], "body_text": body, "idempotency_key": key})
+def intent(key: str = "c1:l1:email:intro", body: str = "Hello", to: str = "a@example.com") -> Intent:
+    request = keys.canonical_json({"to": [to], "body_text": body, "idempotency_key": key})
     return Intent(
         idempotency_key=key,
         tool="send_email",
         channel="email",
-        recipients=("a@example.com",),
+        recipients=(to,),
         request=request,
         request_fingerprint=keys.fingerprint(request),
         content_fingerprint=keys.fingerprint(body),
@@ -41,6 +42,14 @@ def intent(key: str = "c1:l1:email:intro", body: str = "Hello") -> Intent:
 
 
 ACCEPTED = Outcome(state=State.ACCEPTED, reason="ok", provider_id="e-1", result={"id": "e-1", "status": "sent"})
+
+
+def accepted_outcome(operation_id: str) -> Outcome:
+    """The upstream's acceptance of one send, with a message id of its own (one message is one send)."""
+    provider_id = f"e-{operation_id}"
+    return ACCEPTED.model_copy(update={"provider_id": provider_id, "result": {"id": provider_id, "status": "sent"}})
+
+
 LOST = Outcome(state=State.UNKNOWN, reason="timeout", error="no answer", check_after_seconds=0.0)
 
 
@@ -92,20 +101,47 @@ async def test_the_outcome_is_recorded_with_its_event(ledger: Ledger) -> None:
     assert [(e.to_state, e.reason) for e in events][-1] == (State.ACCEPTED, "ok")
 
 
+async def test_an_upstream_id_another_operation_holds_sends_the_second_to_review_naming_both(ledger: Ledger) -> None:
+    first = (await ledger.begin_send(intent("k1", to="a@example.com"), owner="w1", lease_seconds=60)).operation
+    second = (await ledger.begin_send(intent("k2", to="b@example.com"), owner="w1", lease_seconds=60)).operation
+    assert (await ledger.record_outcome(first.id, owner="w1", outcome=ACCEPTED, actor="w1")).provider_id == "e-1"
+    reviewed = await ledger.record_outcome(second.id, owner="w1", outcome=ACCEPTED, actor="w1")
+    assert reviewed.state is State.NEEDS_REVIEW
+    assert reviewed.provider_id is None  # the id stays with the operation that had it first
+    assert first.id in (reviewed.review_reason or "")
+    assert "e-1" in (reviewed.review_reason or "")
+    assert reviewed.result == ACCEPTED.result  # what the upstream said is kept for the human
+    [event] = [e for e in await ledger.events(second.id) if e.to_state is State.NEEDS_REVIEW]
+    assert first.id in event.reason
+    assert (await ledger.get(first.id)).state is State.ACCEPTED
+    delivered = Webhook(
+        delivery_id="d-1",
+        signature="s-1",
+        event_type="email.delivered",
+        provider_id="e-1",
+        payload="{}",
+        observation=DeliveryObservation(state=DeliveryState.DELIVERED, source="webhook"),
+    )
+    assert await ledger.record_webhook(delivered) is WebhookOutcome.APPLIED
+    assert (await ledger.get(first.id)).delivery_state is DeliveryState.DELIVERED
+
+
 async def test_a_stale_owner_cannot_overwrite_the_outcome(ledger: Ledger) -> None:
     op = (await ledger.begin_send(intent(), owner="w1", lease_seconds=0)).operation
     assert await ledger.expire_leases() == 1
     [claimed] = await ledger.claim_unknown(owner="reconciler", lease_seconds=60)
     with pytest.raises(LeaseLost):
-        await ledger.record_outcome(op.id, owner="w1", outcome=ACCEPTED, actor="w1")
+        await ledger.record_outcome(op.id, owner="w1", outcome=accepted_outcome(op.id), actor="w1")
     assert (await ledger.get(op.id)).state is State.UNKNOWN
-    settled = await ledger.record_outcome(claimed.id, owner="reconciler", outcome=ACCEPTED, actor="reconciler")
+    settled = await ledger.record_outcome(
+        claimed.id, owner="reconciler", outcome=accepted_outcome(claimed.id), actor="reconciler"
+    )
     assert settled.state is State.ACCEPTED
 
 
 async def test_a_terminal_state_is_never_left(ledger: Ledger) -> None:
     op = (await ledger.begin_send(intent(), owner="w1", lease_seconds=60)).operation
-    await ledger.record_outcome(op.id, owner="w1", outcome=ACCEPTED, actor="w1")
+    await ledger.record_outcome(op.id, owner="w1", outcome=accepted_outcome(op.id), actor="w1")
     with pytest.raises(LeaseLost):
         await ledger.record_outcome(op.id, owner="w1", outcome=LOST, actor="w1")
     assert (await ledger.get(op.id)).state is State.ACCEPTED
@@ -147,7 +183,7 @@ async def test_a_ready_operation_is_not_claimed_before_its_not_before(ledger: Le
 
 async def test_claim_unknown_takes_only_due_operations_and_only_once(ledger: Ledger) -> None:
     due = (await ledger.begin_send(intent("k-due"), owner="w1", lease_seconds=60)).operation
-    later = (await ledger.begin_send(intent("k-later"), owner="w1", lease_seconds=60)).operation
+    later = (await ledger.begin_send(intent("k-later", to="b@example.com"), owner="w1", lease_seconds=60)).operation
     await ledger.record_outcome(due.id, owner="w1", outcome=LOST, actor="w1")
     await ledger.record_outcome(
         later.id, owner="w1", outcome=LOST.model_copy(update={"check_after_seconds": 3600.0}), actor="w1"
@@ -333,7 +369,7 @@ WINDOW = 3600.0
 async def test_a_new_key_for_the_same_message_to_the_same_people_is_answered_from_the_first(ledger: Ledger) -> None:
     first = (await ledger.begin_send(to("k1", "a@example.com"), owner="w1", lease_seconds=60)).operation
     again = await ledger.begin_send(
-        to("k2", "a@example.com"), owner="w2", lease_seconds=60, duplicate_window_seconds=WINDOW
+        to("k2", "a@example.com"), owner="w2", lease_seconds=60, rules=Rules(window_seconds=WINDOW)
     )
     assert (again.claimed, again.operation.id) == (False, first.id)
     assert await ledger.find_by_key("k2") is None
@@ -343,13 +379,13 @@ async def test_the_same_message_to_overlapping_people_is_refused_naming_who_has_
     first = (await ledger.begin_send(to("k1", "a@example.com"), owner="w1", lease_seconds=60)).operation
     for people in (("a@example.com", "b@example.com"), ("b@example.com", "a@example.com")):
         with pytest.raises(ProbableDuplicate) as refused:
-            await ledger.begin_send(to("k2", *people), owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW)
+            await ledger.begin_send(to("k2", *people), owner="w1", lease_seconds=60, rules=Rules(window_seconds=WINDOW))
         assert refused.value.operation_id == first.id
         assert "a@example.com already has this message" in str(refused.value)
         assert "to the others alone (b@example.com) is fine" in str(refused.value)
     assert await ledger.find_by_key("k2") is None
     other = await ledger.begin_send(
-        to("k3", "b@example.com"), owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW
+        to("k3", "b@example.com"), owner="w1", lease_seconds=60, rules=Rules(window_seconds=WINDOW)
     )
     assert other.claimed
 
@@ -358,29 +394,33 @@ async def test_a_subset_of_the_people_is_refused_too(ledger: Ledger) -> None:
     await ledger.begin_send(to("k1", "a@example.com", "b@example.com"), owner="w1", lease_seconds=60)
     with pytest.raises(ProbableDuplicate, match="Everyone this send names already has it"):
         await ledger.begin_send(
-            to("k2", "a@example.com"), owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW
+            to("k2", "a@example.com"), owner="w1", lease_seconds=60, rules=Rules(window_seconds=WINDOW)
         )
 
 
-async def test_another_message_to_the_same_people_is_a_new_send(ledger: Ledger) -> None:
-    await ledger.begin_send(to("k1", "a@example.com"), owner="w1", lease_seconds=60)
+async def test_another_message_to_the_same_people_is_a_new_send_once_the_first_is_settled(ledger: Ledger) -> None:
+    first = (await ledger.begin_send(to("k1", "a@example.com"), owner="w1", lease_seconds=60)).operation
+    await ledger.record_outcome(first.id, owner="w1", outcome=accepted_outcome(first.id), actor="w1")
     later = to("k2", "a@example.com").model_copy(update={"content_fingerprint": "another message"})
-    assert (await ledger.begin_send(later, owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW)).claimed
+    assert (await ledger.begin_send(later, owner="w1", lease_seconds=60, rules=Rules(window_seconds=WINDOW))).claimed
 
 
 async def test_senders_are_compared_only_where_both_sends_give_them(ledger: Ledger) -> None:
-    await ledger.begin_send(
+    first = await ledger.begin_send(
         to("k1", "a@example.com").model_copy(update={"sender": '{"from_":"sales@example.com"}'}),
         owner="w1",
         lease_seconds=60,
     )
+    await ledger.record_outcome(
+        first.operation.id, owner="w1", outcome=accepted_outcome(first.operation.id), actor="w1"
+    )
     default_sender = await ledger.begin_send(
-        to("k2", "a@example.com"), owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW
+        to("k2", "a@example.com"), owner="w1", lease_seconds=60, rules=Rules(window_seconds=WINDOW)
     )
     assert not default_sender.claimed
     other_sender = to("k3", "a@example.com").model_copy(update={"sender": '{"from_":"ceo@example.com"}'})
     assert (
-        await ledger.begin_send(other_sender, owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW)
+        await ledger.begin_send(other_sender, owner="w1", lease_seconds=60, rules=Rules(window_seconds=WINDOW))
     ).claimed
 
 
@@ -394,7 +434,7 @@ async def test_allow_duplicate_is_refused_while_the_first_may_be_in_flight_or_se
         await ledger.record_outcome(first.id, owner="w1", outcome=outcome, actor="w1")
     deliberate = to("k2", "a@example.com").model_copy(update={"allow_duplicate": True})
     with pytest.raises(ProbableDuplicate) as refused:
-        await ledger.begin_send(deliberate, owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW)
+        await ledger.begin_send(deliberate, owner="w1", lease_seconds=60, rules=Rules(window_seconds=WINDOW))
     assert refused.value.operation_id == first.id
     assert "new key" not in str(refused.value)
     assert "allow_duplicate: true" not in str(refused.value)
@@ -403,16 +443,18 @@ async def test_allow_duplicate_is_refused_while_the_first_may_be_in_flight_or_se
 
 async def test_allow_duplicate_sends_a_second_copy_of_an_accepted_message(ledger: Ledger) -> None:
     first = (await ledger.begin_send(to("k1", "a@example.com"), owner="w1", lease_seconds=60)).operation
-    await ledger.record_outcome(first.id, owner="w1", outcome=ACCEPTED, actor="w1")
+    await ledger.record_outcome(first.id, owner="w1", outcome=accepted_outcome(first.id), actor="w1")
     deliberate = to("k2", "a@example.com").model_copy(update={"allow_duplicate": True})
-    assert (await ledger.begin_send(deliberate, owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW)).claimed
+    assert (
+        await ledger.begin_send(deliberate, owner="w1", lease_seconds=60, rules=Rules(window_seconds=WINDOW))
+    ).claimed
 
 
 async def test_a_ready_operation_repeated_under_another_key_is_claimed_and_sent_under_its_own(ledger: Ledger) -> None:
     [planned] = [i.model_copy(update={"content_fingerprint": "hello"}) for i in batch_intents(1)]
     await ledger.plan_batch(batch_id="B1", name=None, intents=[planned], state=State.READY, actor="op")
     again = planned.model_copy(update={"idempotency_key": "direct"})
-    begin = await ledger.begin_send(again, owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW)
+    begin = await ledger.begin_send(again, owner="w1", lease_seconds=60, rules=Rules(window_seconds=WINDOW))
     assert begin.claimed
     assert (begin.operation.idempotency_key, begin.operation.state) == (planned.idempotency_key, State.SENDING)
     assert await ledger.find_by_key("direct") is None
@@ -426,7 +468,7 @@ async def test_an_operators_close_after_it_may_have_left_still_counts_as_sent(le
     closed = await ledger.resolve_review(first.id, state=decision, reason="the lead left", actor="op")
     assert closed.may_have_left
     again = await ledger.begin_send(
-        to("k2", "a@example.com"), owner="w2", lease_seconds=60, duplicate_window_seconds=WINDOW
+        to("k2", "a@example.com"), owner="w2", lease_seconds=60, rules=Rules(window_seconds=WINDOW)
     )
     assert (again.claimed, again.operation.id) == (False, first.id)
 
@@ -439,7 +481,7 @@ async def test_a_send_cancelled_before_it_left_does_not_count(ledger: Ledger) ->
     assert not (await ledger.get(cancelled)).may_have_left
     await ledger.remove_suppression(planned.recipients[0], "email")
     again = planned.model_copy(update={"idempotency_key": "again"})
-    assert (await ledger.begin_send(again, owner="w1", lease_seconds=60, duplicate_window_seconds=WINDOW)).claimed
+    assert (await ledger.begin_send(again, owner="w1", lease_seconds=60, rules=Rules(window_seconds=WINDOW))).claimed
 
 
 async def test_a_batch_repeating_a_live_message_plans_nothing(ledger: Ledger) -> None:
@@ -455,7 +497,7 @@ async def test_a_batch_repeating_a_live_message_plans_nothing(ledger: Ledger) ->
             intents=batch_intents(3),
             state=State.READY,
             actor="op",
-            duplicate_window_seconds=WINDOW,
+            rules=Rules(window_seconds=WINDOW),
         )
     assert await ledger.list_operations(batch_id="B1") == []
 
@@ -470,21 +512,23 @@ async def test_a_batch_overlapping_a_live_message_plans_nothing(ledger: Ledger) 
     sends[1] = sends[1].model_copy(update={"recipients": ("lead1@example.com", "x@example.com")})
     with pytest.raises(ProbableDuplicate, match=r"^send 2: .*to the others alone \(x@example.com\) is fine"):
         await ledger.plan_batch(
-            batch_id="B1", name=None, intents=sends, state=State.READY, actor="op", duplicate_window_seconds=WINDOW
+            batch_id="B1", name=None, intents=sends, state=State.READY, actor="op", rules=Rules(window_seconds=WINDOW)
         )
     assert await ledger.list_operations(batch_id="B1") == []
 
 
 async def test_the_same_key_again_is_not_a_duplicate_of_itself(ledger: Ledger) -> None:
-    await ledger.begin_send(intent("k1"), owner="w1", lease_seconds=60, duplicate_window_seconds=3600)
-    again = await ledger.begin_send(intent("k1"), owner="w1", lease_seconds=60, duplicate_window_seconds=3600)
+    await ledger.begin_send(intent("k1"), owner="w1", lease_seconds=60, rules=Rules(window_seconds=3600))
+    again = await ledger.begin_send(intent("k1"), owner="w1", lease_seconds=60, rules=Rules(window_seconds=3600))
     assert not again.claimed
 
 
 async def test_failed_content_may_be_sent_again_under_a_new_key(ledger: Ledger) -> None:
     op = (await ledger.begin_send(intent("k1"), owner="w1", lease_seconds=60)).operation
     await ledger.record_outcome(op.id, owner="w1", outcome=Outcome(state=State.FAILED, reason="402"), actor="w1")
-    assert (await ledger.begin_send(intent("k2"), owner="w1", lease_seconds=60, duplicate_window_seconds=3600)).claimed
+    assert (
+        await ledger.begin_send(intent("k2"), owner="w1", lease_seconds=60, rules=Rules(window_seconds=3600))
+    ).claimed
 
 
 async def test_counts_by_state(ledger: Ledger) -> None:
@@ -517,7 +561,7 @@ async def test_tools_seen_first_are_accepted_and_changes_are_kept_until_accepted
 async def test_the_oldest_operation_in_a_state(ledger: Ledger) -> None:
     assert await ledger.oldest(State.SENDING) is None
     first = (await ledger.begin_send(intent("k1"), owner="w1", lease_seconds=60)).operation
-    await ledger.begin_send(intent("k2", body="other"), owner="w1", lease_seconds=60)
+    await ledger.begin_send(intent("k2", body="other", to="b@example.com"), owner="w1", lease_seconds=60)
     oldest = await ledger.oldest(State.SENDING)
     assert oldest is not None
     assert oldest.id == first.id
@@ -710,7 +754,9 @@ async def test_prune_removes_old_resolved_operations_with_their_events_and_nothi
     await ledger.record_delivery(done.id, [observed(DeliveryState.DELIVERED)])
     review = await in_review(ledger, "k2")
     await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(2), state=State.PLANNED, actor="op")
-    unknown = (await ledger.begin_send(intent("k3", body="k3"), owner="w1", lease_seconds=60)).operation
+    unknown = (
+        await ledger.begin_send(intent("k3", body="k3", to="b@example.com"), owner="w1", lease_seconds=60)
+    ).operation
     await ledger.record_outcome(unknown.id, owner="w1", outcome=LOST, actor="w1")
     assert (await ledger.prune(older_than_seconds=3600.0)).operations == 0
     report = await ledger.prune(older_than_seconds=1e-3)

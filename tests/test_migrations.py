@@ -19,13 +19,14 @@ from typing import Any
 
 import pytest
 
-from hail_guard import keys
+from hail_guard import keys, same_send
 from hail_guard.errors import Suppressed
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.ledger import postgres as postgres_ledger
 from hail_guard.ledger import sqlite as sqlite_ledger
 from hail_guard.models import DeliveryObservation, DeliveryState, Intent, Outcome, State
 from hail_guard.profiles import hail
+from hail_guard.same_send import Rules
 from tests.postgres import PostgresServer
 
 CC_SEND = {
@@ -128,7 +129,7 @@ async def _upgraded_rows_follow_the_new_rules(ledger: Ledger) -> None:
     email = await ledger.find_by_key("old:ada:email:intro")
     assert email is not None
     assert email.recipients == ["ada@example.com", "élodie@example.com"]
-    assert email.content_fingerprint == keys.content_fingerprint(hail().spec("send_email"), CC_SEND)
+    assert email.content_fingerprint == same_send.content_fingerprint(hail().spec("send_email"), CC_SEND)
     assert email.sender == {}
     opt_outs = {(s.recipient, s.channel) for s in await ledger.list_suppressions()}
     assert opt_outs == {("+14155550190", "sms"), ("élodie@example.com", "email"), ("ada@example.com", "all")}
@@ -143,13 +144,13 @@ async def _upgraded_rows_follow_the_new_rules(ledger: Ledger) -> None:
         recipients=("ada@example.com", "élodie@example.com"),
         request=text,
         request_fingerprint=keys.fingerprint(text),
-        content_fingerprint=keys.content_fingerprint(hail().spec("send_email"), retry),
+        content_fingerprint=same_send.content_fingerprint(hail().spec("send_email"), retry),
     )
     with pytest.raises(Suppressed):  # Élodie (in cc) opted out
-        await ledger.begin_send(intent, owner="w", lease_seconds=60, duplicate_window_seconds=3600)
+        await ledger.begin_send(intent, owner="w", lease_seconds=60, rules=Rules(window_seconds=3600))
     await ledger.remove_suppression("élodie@example.com", "email")
     await ledger.remove_suppression("ada@example.com", "all")
-    again = await ledger.begin_send(intent, owner="w", lease_seconds=60, duplicate_window_seconds=3600)
+    again = await ledger.begin_send(intent, owner="w", lease_seconds=60, rules=Rules(window_seconds=3600))
     assert (again.claimed, again.operation.id, again.operation.state) == (False, email.id, State.ACCEPTED)
 
 

@@ -14,7 +14,7 @@ import anyio.to_thread
 import pytest
 from structlog.testing import capture_logs
 
-from hail_guard import keys
+from hail_guard import keys, same_send
 from hail_guard.cli import main, operations
 from hail_guard.ledger import open_ledger
 from hail_guard.models import Intent, Outcome, State
@@ -79,7 +79,7 @@ def in_review(url: str, key: str = KEY) -> str:
         recipients=("lead9@example.com",),
         request=text,
         request_fingerprint=keys.fingerprint(text),
-        content_fingerprint=keys.content_fingerprint(hail().spec("send_email"), arguments),
+        content_fingerprint=same_send.content_fingerprint(hail().spec("send_email"), arguments),
         campaign_id="spring",
     )
     unclear = Outcome(state=State.NEEDS_REVIEW, reason=REVIEW_WHY, review_reason=REVIEW_WHY)

@@ -24,7 +24,7 @@ import pytest
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.models import DeliveryState, Outcome, State, Suppression
 from tests.postgres import PostgresServer
-from tests.test_ledger_contract import ACCEPTED, LOST, batch_intents, intent, observed, resend_of
+from tests.test_ledger_contract import ACCEPTED, LOST, accepted_outcome, batch_intents, intent, observed, resend_of
 
 Counts = Counter[tuple[datetime, str, str]]
 """(hour it first left, state, delivery state or '') -> how many operations."""
@@ -109,7 +109,11 @@ async def test_the_counts_per_hour_equal_a_group_by_over_the_operations_after_ev
     settled: dict[State, list[str]] = {}
 
     async def send(n: int) -> None:  # concurrent: on PostgreSQL, from several connections (shards)
-        op = (await ledger.begin_send(intent(f"k{n}", body=f"m{n}"), owner=f"w{n}", lease_seconds=60)).operation
+        op = (
+            await ledger.begin_send(
+                intent(f"k{n}", body=f"m{n}", to=f"k{n}@example.com"), owner=f"w{n}", lease_seconds=60
+            )
+        ).operation
         done = await ledger.record_outcome(op.id, owner=f"w{n}", outcome=outcomes[n % 5], actor=f"w{n}")
         settled.setdefault(done.state, []).append(done.id)
 
@@ -121,11 +125,11 @@ async def test_the_counts_per_hour_equal_a_group_by_over_the_operations_after_ev
         states = [DeliveryState.DELIVERED, DeliveryState.OPENED] if n % 2 else [DeliveryState.BOUNCED]
         await ledger.record_delivery(operation_id, [observed(state) for state in states])
     for claimed in await ledger.claim_unknown(owner="r", lease_seconds=60, limit=2):  # reconcile settles two
-        await ledger.record_outcome(claimed.id, owner="r", outcome=ACCEPTED, actor="r")
+        await ledger.record_outcome(claimed.id, owner="r", outcome=accepted_outcome(claimed.id), actor="r")
     await ledger.resolve_review(settled[State.NEEDS_REVIEW][0], state=State.CANCELLED, reason="no", actor="op")
     old = await ledger.get(settled[State.NEEDS_REVIEW][1])
     await ledger.resend(old.id, resend_of(old), reason="again", actor="op")
-    await ledger.begin_send(intent("lapsed", body="lapsed"), owner="w", lease_seconds=0)
+    await ledger.begin_send(intent("lapsed", body="lapsed", to="lapsed@example.com"), owner="w", lease_seconds=0)
     await ledger.expire_leases()
     await assert_counts_match(counted)
     await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(4), state=State.READY, actor="op")

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 
-from hail_guard import keys
+from hail_guard import keys, same_send
 from hail_guard.cli import main
 from hail_guard.cli.drill import print_report
 from hail_guard.drill import DrillOptions, DrillReport, ScenarioResult
@@ -61,7 +61,7 @@ def intent(key: str, index: int) -> Intent:
         recipients=RECIPIENTS,
         request=text,
         request_fingerprint=keys.fingerprint(text),
-        content_fingerprint=keys.content_fingerprint(hail().spec("send_email"), arguments),
+        content_fingerprint=same_send.content_fingerprint(hail().spec("send_email"), arguments),
         campaign_id=BATCH_NAME,
         batch_id="batch-hostile",
     )

@@ -97,7 +97,7 @@ async def _batch_plan(args: argparse.Namespace, settings: Settings) -> int:
     async with app.open_proxy(settings) as proxy:
         sends = read_batch_file(args.file, proxy.guarded_schema)
         batch_id = await proxy.batches.plan(sends, name=args.name, actor=f"operator {getpass.getuser()}")
-        status = await proxy.ledger.batch_status(batch_id)
+        status = await proxy.batches.status(batch_id)
     print(json_text({**batch_view(status), "next_step": next_command(status)}, indent=2))
     return 0
 
@@ -111,7 +111,7 @@ async def _batch_approve(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _batch_run(args: argparse.Namespace, settings: Settings) -> int:
     async with app.open_proxy(settings) as proxy:
-        before = await proxy.ledger.batch_status(args.batch_id)  # no batch: an error, and no bar drawn
+        before = await proxy.batches.status(args.batch_id)  # no batch: an error, and no bar drawn
         await proxy.upstream.wait_connected()
         total = before.counts.get(State.READY, 0) or None
         with progress(f"sending {args.batch_id}", total=total, enabled=not args.no_progress) as advance:
@@ -127,7 +127,7 @@ async def _batch_run(args: argparse.Namespace, settings: Settings) -> int:
 async def _batch_status(args: argparse.Namespace, settings: Settings) -> int:
     async with app.open_ledger_from(settings) as ledger:
         await ledger.expire_leases()
-        status = await ledger.batch_status(args.batch_id)
+        status = await ledger.batch_status(args.batch_id, hold_lead=settings.guard.hold_lead_across_channels)
     if args.json:
         print(json_text({**batch_view(status), "next_step": next_command(status)}, indent=2))
     else:

@@ -100,7 +100,7 @@ async def run_from_args(ns: argparse.Namespace, settings: Settings) -> DrillRepo
         workers=ns.workers,
         ledger_url=ns.ledger,
         scenarios=tuple(sorted(set(ns.scenario or ()))),
-        duplicate_window_hours=settings.guard.duplicate_window_hours or None,
+        duplicate_window_hours=settings.guard.duplicate_window_hours,
         busy_timeout_seconds=settings.ledger.busy_timeout_seconds,
         transport=ns.transport,
         keep=ns.keep,

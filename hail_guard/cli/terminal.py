@@ -177,6 +177,14 @@ def print_batch(status: BatchStatus, *, wide: bool = False) -> None:
     say((status.batch_id, "bold"), f"{name}: {status.total} send(s): {counts or 'none'}")
     if status.unresolved:
         print_operations(status.unresolved, title="unresolved", wide=wide)
+    if status.held:
+        columns = (Column("waiting", whole=True), "to", Column("held by", whole=True), "its state")
+        rows = [
+            (held.operation.id, ", ".join(held.operation.recipients), held.held_by.id, held.held_by.state.value)
+            for held in status.held
+        ]
+        title = "held: a send to the same recipient (or lead) is unresolved; these go once it is settled"
+        print_table(columns, rows, title=title, wide=wide)
 
 
 @contextmanager

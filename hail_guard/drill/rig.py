@@ -56,7 +56,7 @@ class DrillOptions:
     """None: a fresh SQLite file per scenario in the run's folder."""
     scenarios: tuple[int, ...] = ()
     """Only these scenario numbers (empty: all)."""
-    duplicate_window_hours: float | None = 24.0
+    duplicate_window_hours: float = 24.0
     busy_timeout_seconds: float = 5.0
     transport: Transport = "inprocess"
     """How the agent reaches hail-guard: in this process, or a spawned `hail-guard serve` over stdio."""
@@ -270,7 +270,7 @@ class _Served:
             "HAIL_GUARD_UPSTREAM_TIMEOUT_SECONDS": str(self.timeout_seconds),
             "HAIL_GUARD_UPSTREAM_RECORD_TOOLS": "false",
             "HAIL_GUARD_GUARD_REQUIRE_APPROVAL": str(self.require_approval).lower(),
-            "HAIL_GUARD_GUARD_DUPLICATE_WINDOW_HOURS": str(options.duplicate_window_hours or 0),
+            "HAIL_GUARD_GUARD_DUPLICATE_WINDOW_HOURS": str(options.duplicate_window_hours),
             "HAIL_GUARD_DELIVERY_POLL": "false",
             "HAIL_GUARD_LOG_LEVEL": "info" if options.keep is not None else "error",
         }

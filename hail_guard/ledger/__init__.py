@@ -38,6 +38,7 @@ from hail_guard.models import (
     Webhook,
     WebhookOutcome,
 )
+from hail_guard.same_send import Candidates, Rules
 
 
 @dataclass(frozen=True)
@@ -53,15 +54,15 @@ class Ledger(Protocol):
     async def now(self) -> datetime:
         """The database's clock."""
 
-    async def begin_send(
-        self, intent: Intent, *, owner: str, lease_seconds: float, duplicate_window_seconds: float | None = None
-    ) -> Begin:
+    async def begin_send(self, intent: Intent, *, owner: str, lease_seconds: float, rules: Rules = ...) -> Begin:
         """Record the intent as `sending` under a lease, atomically with the key lookup.
 
-        An existing `ready` operation with the same request is claimed; any other existing
-        operation is returned unclaimed for the caller to answer from. A new key is refused
-        (`Suppressed`) when a recipient opted out, and (`ProbableDuplicate`) when a live operation
-        with the same content was created within the duplicate window.
+        The key's operation (or the one under the key an earlier version derived, `Intent.legacy_key`) is
+        answered from when it is the same message, and claimed when it is `ready` and its recipients are not
+        held; another message under the key is returned unclaimed (the caller refuses it). A new key is refused
+        (`Suppressed`) when a recipient opted out; otherwise the rules about the same send decide, in the same
+        transaction (`policy.decide` over what `same_send` compares): answered from the operation that has the
+        same message, refused (`ProbableDuplicate`, `Held`), or recorded.
         """
 
     async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
@@ -86,24 +87,28 @@ class Ledger(Protocol):
         intents: Iterable[Intent],
         state: State,
         actor: str,
-        duplicate_window_seconds: float | None = None,
+        rules: Rules = ...,
     ) -> int:
         """Record a whole batch (`planned` or `ready`) or nothing; returns how many sends it holds.
 
         `intents` is read once, a chunk at a time (it may be a generator over a large file, and may raise
-        `BadInput` part-way: then nothing is planned). Refused when a key is already in the ledger,
-        or when a send repeats the content of a live operation within the duplicate window; sends to
-        opted-out recipients start `cancelled`."""
+        `BadInput` part-way: then nothing is planned). Refused when a key is already in the ledger, or when a
+        send repeats a message a recipient has (`same_send`); sends to opted-out recipients start `cancelled`.
+        A recipient's unresolved send does not refuse a plan: it holds the planned send when it is claimed."""
 
     async def approve_batch(self, batch_id: str, *, actor: str) -> int:
         """`planned` -> `ready` for the batch; returns how many."""
 
     async def claim_ready(
-        self, *, owner: str, lease_seconds: float, batch_id: str | None = None, limit: int = 1
+        self, *, owner: str, lease_seconds: float, batch_id: str | None = None, limit: int = 1, hold_lead: bool = True
     ) -> list[Operation]:
-        """Atomically take `ready` operations whose recipients have not opted out: `sending` under a lease."""
+        """Atomically take `ready` operations whose recipients have not opted out and are not held (a recipient key
+        with an unresolved send on the channel, or with `hold_lead` the lead with one on any): `sending` under a
+        lease, oldest first. A held send stays `ready` until what holds it is settled."""
 
-    async def batch_status(self, batch_id: str) -> BatchStatus: ...
+    async def batch_status(self, batch_id: str, *, hold_lead: bool = True) -> BatchStatus:
+        """The batch's counts by state, its unresolved sends, and its `ready` sends that are held (with `hold_lead`,
+        by their lead's unresolved send too) and what holds each."""
 
     async def list_batches(self, *, after: str | None = None, limit: int = 50) -> list[BatchSummary]:
         """Batches, newest first, each with its counts by state; `after` (a batch id) continues after it."""
@@ -133,6 +138,10 @@ class Ledger(Protocol):
         """The operation, or `NotFound`."""
 
     async def find_by_key(self, idempotency_key: str) -> Operation | None: ...
+
+    async def same_send_candidates(self, intent: Intent, rules: Rules) -> Candidates:
+        """What the ledger holds that is the same message to one of the send's recipients, or holds them (reads
+        only: how a retry whose new form its schema refuses is still answered from the ledger)."""
 
     async def list_operations(
         self,

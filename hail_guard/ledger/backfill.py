@@ -1,11 +1,16 @@
 """Facts the ledger stores that this hail-guard derives differently, recomputed from each stored row.
 
-A migration that changes how a stored value is derived (SQLite 6, PostgreSQL 8: every recipient field
-in the one normal form, the message fingerprint by meaning, the sender) recomputes it here, from what
-the row itself holds (its stored request), in the migration's own transaction. Both backends call the
-same functions. A value recorded before the normal form existed that it cannot read (an address with
-an invisible character, a number without its country code) is kept as it was written, trimmed and
-case-folded (`recipients.comparable`): an opt-out is never lost and a send is never hidden.
+A migration that changes how a stored value is derived recomputes it here, from what the row itself
+holds, in the migration's own transaction; both backends call the same functions:
+
+- SQLite 6, PostgreSQL 8 (`facts`): every recipient field in the one normal form, the message fingerprint
+  by meaning, the sender, from the stored request;
+- SQLite 9, PostgreSQL 11 (`renormalised`, `opt_out_key`): recipients in the normal form of
+  `email-validator` (lower-cased, never case-folded), each recipient's key (its mailbox), the lead.
+
+A value recorded before the normal form existed that it cannot read (an address with an invisible
+character, a number without its country code) is kept as it was written, trimmed and lower-cased
+(`recipients.comparable`): an opt-out is never lost and a send is never hidden.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from hail_guard import keys, profiles, recipients
+from hail_guard import profiles, recipients, same_send
+from hail_guard.canonical import canonical_json
+from hail_guard.profiles.spec import DEFAULT_LEAD
 
 PAGE = 1000
 """Rows recomputed per round of a migration."""
@@ -44,9 +51,32 @@ def facts(tool: str, channel: str, request: str) -> Facts:
     return Facts(
         recipients=list(reached),
         recipient_keys=recipients.keys_of(reached),
-        content_fingerprint=keys.content_fingerprint(spec, arguments),
-        sender=keys.canonical_json(keys.sender_of(spec, arguments)),
+        content_fingerprint=same_send.content_fingerprint(spec, arguments),
+        sender=canonical_json(same_send.sender_of(spec, arguments)),
     )
+
+
+@dataclass(frozen=True)
+class Renormalised:
+    """An operation's recipients in today's normal form, their keys, and its lead."""
+
+    recipients: list[str]
+    recipient_keys: list[str]
+    lead: str | None
+
+
+def renormalised(channel: str, stored: list[str], request: str) -> Renormalised:
+    """What a row's stored recipients and request give now (the lead by the default pointers: the campaign and
+    lead ids its metadata carries)."""
+    reached = list(dict.fromkeys(recipients.comparable(recipient, channel) for recipient in stored))
+    arguments = json.loads(request)
+    lead = same_send.lead_at(DEFAULT_LEAD, arguments) if isinstance(arguments, dict) else None
+    return Renormalised(reached, recipients.keys_of(reached), lead)
+
+
+def opt_out_key(recipient: str, channel: str) -> str:
+    """What an opt-out is stored by now: the key of its recipient (`recipients.key_of`)."""
+    return recipients.key_of(recipients.comparable(recipient, channel))
 
 
 def pages(rows: Iterator[Any]) -> Iterator[list[Any]]:

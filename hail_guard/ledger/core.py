@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
-from hail_guard import delivery, lifecycle, policy, recipients
+from hail_guard import delivery, lifecycle, policy, recipients, same_send
 from hail_guard.errors import BadInput, NotFound, RefusedByPolicy, SchemaTooNew
 from hail_guard.models import (
     BatchStatus,
@@ -30,6 +30,7 @@ from hail_guard.models import (
     DeliveryEvent,
     DeliveryObservation,
     Event,
+    HeldSend,
     Intent,
     Operation,
     Outcome,
@@ -40,6 +41,7 @@ from hail_guard.models import (
     Webhook,
     WebhookOutcome,
 )
+from hail_guard.same_send import Candidates, Rules
 
 Row = Mapping[str, Any]
 _P = ParamSpec("_P")
@@ -47,6 +49,7 @@ _T = TypeVar("_T")
 LEASE_EXPIRED = "lease expired while sending: the request may have left"
 PLAN_CHUNK = 500
 """Sends staged per round trip while planning a batch."""
+DEFAULT_RULES = Rules()
 
 
 class Tx(Protocol):
@@ -85,13 +88,13 @@ def epoch(moment: datetime | None) -> float | None:
 
 
 def intent_values(intent: Intent) -> tuple[Any, ...]:
-    """An intent as the parameters 2 to 14 of `insert_operation` (and of each backend's first step)."""
+    """An intent as the parameters 2 to 15 of `insert_operation` (and of each backend's first step)."""
     return (
         intent.idempotency_key,
         intent.tool,
         intent.channel,
         json.dumps(list(intent.recipients)),
-        json.dumps(recipients.keys_of(intent.recipients)),
+        json.dumps(same_send.keys_of_intent(intent)),
         intent.request,
         intent.request_fingerprint,
         intent.content_fingerprint,
@@ -100,6 +103,7 @@ def intent_values(intent: Intent) -> tuple[Any, ...]:
         intent.lead_id,
         intent.message_id,
         intent.batch_id,
+        intent.lead,
     )
 
 
@@ -117,27 +121,43 @@ def outcome_values(outcome: Outcome) -> tuple[Any, ...]:
     )
 
 
-def match_args(intent: Intent, window_seconds: float) -> tuple[Any, ...]:
-    """The parameters of `matches`: operations that block `intent` being recorded (`policy.blocks`)."""
-    states, closed_block = policy.blocking_states(allow_duplicate=intent.allow_duplicate)
+def match_args(intent: Intent, rules: same_send.Rules) -> tuple[Any, ...]:
+    """The parameters of `matches`: the same message to a shared recipient, in a state that blocks `intent`
+    being recorded (`same_send.Rules.match_states`)."""
+    always, windowed, closed_block = rules.match_states(allow_duplicate=intent.allow_duplicate)
     return (
         intent.content_fingerprint,
-        json.dumps(list(intent.recipients)),
+        json.dumps(same_send.keys_of_intent(intent)),
         intent.idempotency_key,
         intent.tool,
-        json.dumps(states),
+        json.dumps(always),
+        json.dumps(windowed),
         closed_block,
-        window_seconds,
+        rules.window_seconds,
         intent.sender,
     )
 
 
+def hold_args(intent: Intent, rules: same_send.Rules) -> tuple[Any, ...]:
+    """The parameters of `holds`: unresolved sends to a shared recipient on the channel, or to the same lead."""
+    lead = intent.lead if rules.hold_lead else None
+    return (json.dumps(same_send.keys_of_intent(intent)), intent.channel, lead)
+
+
+def near_args(intent: Intent, rules: same_send.Rules) -> tuple[Any, ...]:
+    """The parameters of `near`: other messages a shared recipient has on the channel, to compare by similarity."""
+    keys = json.dumps(same_send.keys_of_intent(intent))
+    return (keys, intent.channel, intent.content_fingerprint, rules.window_seconds, intent.idempotency_key)
+
+
 def stage_rows(chunk: Sequence[Intent], *, first: int) -> list[tuple[Any, ...]]:
-    """Rows of the planning stage (`hg_plan_stage`: position, id, the intent, allow_duplicate), from `first`."""
-    return [
-        (position, str(uuid.uuid4()), *intent_values(intent)[:-1], intent.allow_duplicate)
-        for position, intent in enumerate(chunk, start=first)
-    ]
+    """Rows of the planning stage (`hg_plan_stage`: position, id, the intent but its batch, allow_duplicate), from
+    `first`."""
+    rows = []
+    for position, intent in enumerate(chunk, start=first):
+        values = intent_values(intent)
+        rows.append((position, str(uuid.uuid4()), *values[:12], values[13], intent.allow_duplicate))
+    return rows
 
 
 def delivery_check_args(
@@ -214,7 +234,7 @@ class LedgerCore(ABC):
 
     @abstractmethod
     async def _plan_batch(
-        self, batch_id: str, name: str | None, intents: Iterable[Intent], state: State, actor: str, window: float | None
+        self, batch_id: str, name: str | None, intents: Iterable[Intent], state: State, actor: str, rules: Rules
     ) -> int:
         """Stage the intents (`stage_rows`), then check and copy them in one transaction (`plan_staged`)."""
 
@@ -237,15 +257,18 @@ class LedgerCore(ABC):
         intents: Iterable[Intent],
         state: State,
         actor: str,
-        duplicate_window_seconds: float | None = None,
+        rules: Rules = DEFAULT_RULES,
     ) -> int:
-        return await self._plan_batch(batch_id, name, intents, state, actor, duplicate_window_seconds)
+        return await self._plan_batch(batch_id, name, intents, state, actor, rules)
 
     async def now(self) -> datetime:
         return await self._read(_now)
 
     async def get(self, operation_id: str) -> Operation:
         return await self._read(must, operation_id)
+
+    async def same_send_candidates(self, intent: Intent, rules: Rules) -> Candidates:
+        return await self._read(_same_send_candidates, intent, rules)
 
     async def find_by_key(self, idempotency_key: str) -> Operation | None:
         return await self._read(_one, "operation_by_key", idempotency_key)
@@ -280,8 +303,8 @@ class LedgerCore(ABC):
         rows = await self._read(_rows, "count_by_state")
         return {State(row["state"]): int(row["count"]) for row in rows}
 
-    async def batch_status(self, batch_id: str) -> BatchStatus:
-        return await self._read(_batch_status, batch_id)
+    async def batch_status(self, batch_id: str, *, hold_lead: bool = True) -> BatchStatus:
+        return await self._read(_batch_status, batch_id, hold_lead)
 
     async def list_batches(self, *, after: str | None = None, limit: int = 50) -> list[BatchSummary]:
         rows = await self._read(_rows, "list_batches", limit, after)
@@ -350,6 +373,13 @@ async def _now(tx: Tx) -> datetime:
     row = await tx.row("now")
     assert row is not None
     return as_time(next(iter(row.values())))
+
+
+async def _same_send_candidates(tx: Tx, intent: Intent, rules: Rules) -> Candidates:
+    """The same message to a shared recipient, and the unresolved sends that hold the send's recipients."""
+    matches = [operation_of(row) for row in await tx.rows("matches", *match_args(intent, rules))]
+    holds = [operation_of(row) for row in await tx.rows("holds", *hold_args(intent, rules))]
+    return Candidates(matches=matches, holds=holds)
 
 
 async def _rows(tx: Tx, name: str, *args: Any) -> list[Row]:
@@ -429,11 +459,23 @@ async def batch_name(tx: Tx, batch_id: str) -> str | None:
     return name
 
 
-async def _batch_status(tx: Tx, batch_id: str) -> BatchStatus:
+async def _batch_status(tx: Tx, batch_id: str, hold_lead: bool) -> BatchStatus:
     name = await batch_name(tx, batch_id)
     counts = {State(row["state"]): int(row["count"]) for row in await tx.rows("batch_counts", batch_id)}
     unresolved = await _many(tx, "batch_unresolved", batch_id)
-    return BatchStatus(batch_id=batch_id, name=name, counts=counts, unresolved=unresolved)
+    held = await _held(tx, batch_id, hold_lead) if counts.get(State.READY) else []
+    return BatchStatus(batch_id=batch_id, name=name, counts=counts, unresolved=unresolved, held=held)
+
+
+async def _held(tx: Tx, batch_id: str, hold_lead: bool) -> list[HeldSend]:
+    """The batch's ready sends that wait, each with the unresolved send that holds it."""
+    rows = await tx.rows("batch_held", batch_id, hold_lead)
+    holders = {holder: await must(tx, holder) for holder in dict.fromkeys(row["held_by"] for row in rows)}
+    waiting: dict[str, HeldSend] = {}
+    for row in rows:
+        operation = operation_of(row)
+        waiting.setdefault(operation.id, HeldSend(operation=operation, held_by=holders[row["held_by"]]))
+    return list(waiting.values())
 
 
 async def _approve_batch(tx: Tx, batch_id: str, actor: str) -> int:
@@ -549,14 +591,11 @@ async def _prune(tx: Tx, older_than_seconds: float) -> PruneReport:
 # --- planning a batch: the checks and the copy, over the backend's staging table -------------------------
 
 
-async def plan_staged(
-    tx: Tx, batch_id: str, name: str | None, state: State, actor: str, window_seconds: float | None
-) -> None:
+async def plan_staged(tx: Tx, batch_id: str, name: str | None, state: State, actor: str, rules: Rules) -> None:
     """The staged sends checked against the ledger and copied into it (the caller holds one transaction)."""
     await tx.run("insert_batch", batch_id, name, actor)
     await _refuse_known_keys(tx)
-    if window_seconds is not None:
-        await _refuse_repeats(tx, window_seconds)
+    await _refuse_repeats(tx, rules)
     await tx.run("plan_staged", batch_id, state.value)
     await tx.run("plan_staged_recipients")
     await tx.run("plan_staged_events", state.value, actor, f"planned in batch {batch_id}")
@@ -572,11 +611,19 @@ async def _refuse_known_keys(tx: Tx) -> None:
         raise RefusedByPolicy(f"{rows[0]['taken']} send(s) already exist in the ledger: {named}; nothing was planned")
 
 
-async def _refuse_repeats(tx: Tx, window_seconds: float) -> None:
-    """The first staged send whose message the ledger already carries for one of its recipients is refused."""
+async def _refuse_repeats(tx: Tx, rules: Rules) -> None:
+    """The first staged send whose message the ledger already carries for one of its recipients is refused (a
+    recipient's unresolved send holds a planned one when it is claimed, not here)."""
     for allow_duplicate in (False, True):
-        states, closed_block = policy.blocking_states(allow_duplicate=allow_duplicate)
-        found = await tx.row("staged_repeat", window_seconds, allow_duplicate, json.dumps(states), closed_block)
+        always, windowed, closed_block = rules.match_states(allow_duplicate=allow_duplicate)
+        found = await tx.row(
+            "staged_repeat",
+            rules.window_seconds,
+            allow_duplicate,
+            json.dumps(always),
+            json.dumps(windowed),
+            closed_block,
+        )
         if found is None:
             continue
         staged = await tx.row("staged_intent", found["position"])
@@ -586,5 +633,5 @@ async def _refuse_repeats(tx: Tx, window_seconds: float) -> None:
             json.loads(values["recipients"]) if isinstance(values["recipients"], str) else values["recipients"]
         )
         intent = Intent.model_validate(values)
-        matches = [operation_of(row) for row in await tx.rows("matches", *match_args(intent, window_seconds))]
-        raise policy.already_planned(intent, matches, found["position"])
+        matches = [operation_of(row) for row in await tx.rows("matches", *match_args(intent, rules))]
+        raise policy.already_planned(intent, Candidates(matches=matches), rules, found["position"])

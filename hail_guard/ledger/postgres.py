@@ -29,7 +29,6 @@ import hashlib
 import itertools
 import json
 import uuid
-import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from importlib import resources
@@ -39,28 +38,28 @@ import anyio
 import asyncpg
 import structlog
 
-from hail_guard import policy, recipients
+from hail_guard import policy, recipients, same_send
 from hail_guard.errors import HailGuardError, LeaseLost, LedgerError, LedgerUnavailable
 from hail_guard.ledger import Begin, backfill, core, reads, sql
-from hail_guard.ledger.core import LEASE_EXPIRED, PLAN_CHUNK, Row, Work
+from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, PLAN_CHUNK, Row, Work
 from hail_guard.ledger.postgres_errors import describe, errors_mapped
 from hail_guard.models import Intent, Operation, Outcome, State
+from hail_guard.same_send import Candidates, Rules
 
 log = structlog.get_logger(__name__)
 
 _SQL: Final = sql.statements("postgres")
 MIGRATION_LOCK = 0x4861696C47756172
 """Advisory lock key ("HailGuar") held while migrating, so processes starting at once take turns."""
-CONTENT_LOCK_SPACE = 0x48474346
-"""Advisory lock space ("HGCF") of the duplicate guard; the second key is a bucket of a message and recipient."""
-CONTENT_LOCK_BUCKETS = 256
+_COMPARE_ROUNDS = 3
+"""How often `begin_send` compares new near messages before it gives up (each round, others came meanwhile)."""
 MIGRATION_LOCK_TIMEOUT = "60s"
 CLOSE_SECONDS = 5.0
 COMMAND_TIMEOUT_SECONDS = 60.0
 """Longest a single statement may take before the call fails as `LedgerUnavailable`."""
 RELEASE_SECONDS = 10.0
 """Longest a connection's reset may take when it goes back to the pool; past it the pool drops it."""
-_FUNCTIONS = ("begin_send",)
+_FUNCTIONS = ("begin_send", "claims")
 """Server-side functions, each in sql/postgres/<name>.sql, (re)created by `migrate` when their text changes."""
 _STAGE_COLUMNS = (
     "position",
@@ -77,6 +76,7 @@ _STAGE_COLUMNS = (
     "campaign_id",
     "lead_id",
     "message_id",
+    "lead",
     "allow_duplicate",
 )
 
@@ -122,45 +122,34 @@ class PostgresLedger(reads.OperatorReads):
     # --- the send path ------------------------------------------------------------------------------
 
     async def begin_send(
-        self, intent: Intent, *, owner: str, lease_seconds: float, duplicate_window_seconds: float | None = None
+        self, intent: Intent, *, owner: str, lease_seconds: float, rules: Rules = DEFAULT_RULES
     ) -> Begin:
-        states, closed_block = policy.blocking_states(allow_duplicate=intent.allow_duplicate)
-        arguments = (
-            str(uuid.uuid4()),
-            *core.intent_values(intent),
-            owner,
-            lease_seconds,
-            duplicate_window_seconds,
-            json.dumps(states),
-            closed_block,
-            CONTENT_LOCK_SPACE,
-            message_locks(intent),
-            LEASE_EXPIRED,
-        )
+        compared: list[str] | None = None
         async with self._alone() as db:
-            rows = await db.fetch(_SQL["begin_send"], *arguments)
-            verdict = rows[0]["verdict"]
-            if verdict == "suppressed":
-                raise policy.suppressed_refusal(intent.recipients, intent.channel)
-            if verdict == "vanished":
-                key = intent.idempotency_key
-                raise LedgerUnavailable(f"the operation under key {key!r} changed while it was being recorded; retry")
-            found = core.operation_of(rows[0])
-            if verdict == "claimed":
-                return Begin(found, claimed=True)
-            if verdict == "matches":
-                found = policy.repeat_of(intent, [core.operation_of(row) for row in rows])  # an overlap is refused
-            elif not policy.same_meaning(found, intent):
-                return Begin(found, claimed=False)  # the key holds another message: the caller refuses it
-            if found.state is not State.READY:
-                return Begin(found, claimed=False)
-            claimed = await db.fetchrow(_SQL["claim_ready_by_id"], owner, lease_seconds, found.id)
-        return Begin(core.operation_of(claimed), claimed=True) if claimed is not None else Begin(found, claimed=False)
+            for _ in range(_COMPARE_ROUNDS):
+                rows = await db.fetch(
+                    _SQL["begin_send"], *begin_arguments(intent, owner, lease_seconds, rules, compared)
+                )
+                verdict = rows[0]["verdict"]
+                if verdict == "claimed":
+                    return Begin(core.operation_of(rows[0]), claimed=True)
+                found = _found(intent, verdict, rows, rules)
+                if verdict == "near" and found is None:  # compared, none near the same: again, with their ids
+                    compared = [row["id"] for row in rows]
+                    continue
+                if found is None or found.state is not State.READY or not same_send.repeats(found, intent):
+                    return Begin(found or core.operation_of(rows[0]), claimed=False)
+                claimed = await db.fetchrow(_SQL["claim_ready_by_id"], owner, lease_seconds, found.id, rules.hold_lead)
+                return Begin(core.operation_of(claimed), claimed=True) if claimed else Begin(found, claimed=False)
+        raise LedgerUnavailable(
+            f"the messages of {', '.join(intent.recipients)} kept changing while a send to them was compared; retry"
+        )
 
     async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
+        taken = policy.provider_id_taken(outcome, "{holder}").reason  # the SQL names the holder
         async with self._alone() as db:
             row = await db.fetchrow(
-                _SQL["record_outcome"], *core.outcome_values(outcome), operation_id, owner, actor, outcome.reason
+                _SQL["record_outcome"], *core.outcome_values(outcome), operation_id, owner, actor, outcome.reason, taken
             )
         if row is None:
             raise core.not_found(operation_id)
@@ -183,14 +172,14 @@ class PostgresLedger(reads.OperatorReads):
         return [core.operation_of(row) for row in rows]
 
     async def claim_ready(
-        self, *, owner: str, lease_seconds: float, batch_id: str | None = None, limit: int = 1
+        self, *, owner: str, lease_seconds: float, batch_id: str | None = None, limit: int = 1, hold_lead: bool = True
     ) -> list[Operation]:
         async with self._alone() as db:
             if batch_id is None:
-                rows = await db.fetch(_SQL["claim_ready_any"], owner, lease_seconds, limit, LEASE_EXPIRED)
+                rows = await db.fetch(_SQL["claim_ready_any"], owner, lease_seconds, limit, LEASE_EXPIRED, hold_lead)
             else:
                 rows = await db.fetch(
-                    _SQL["claim_ready_in_batch"], owner, lease_seconds, limit, LEASE_EXPIRED, batch_id
+                    _SQL["claim_ready_in_batch"], owner, lease_seconds, limit, LEASE_EXPIRED, hold_lead, batch_id
                 )
         return [core.operation_of(row) for row in rows]
 
@@ -208,7 +197,7 @@ class PostgresLedger(reads.OperatorReads):
         return [core.operation_of(row) for row in rows]
 
     async def _plan_batch(
-        self, batch_id: str, name: str | None, intents: Iterable[Intent], state: State, actor: str, window: float | None
+        self, batch_id: str, name: str | None, intents: Iterable[Intent], state: State, actor: str, rules: Rules
     ) -> int:
         """One transaction: the sends are staged a chunk at a time in a temporary table (nothing of the ledger is
         locked while `intents` is read, which may take long and may raise), then checked against the ledger and
@@ -217,15 +206,15 @@ class PostgresLedger(reads.OperatorReads):
             async with self._transaction(shielded=False) as db:
                 tx = _Tx(db)
                 await tx.run("create_stage")
-                staged, buckets = 0, set[int]()
+                staged, subjects = 0, set[str]()
                 for chunk in _chunks(intents, PLAN_CHUNK):
                     records = core.stage_rows(chunk, first=staged + 1)
                     await db.copy_records_to_table("hg_plan_stage", records=records, columns=_STAGE_COLUMNS)
-                    buckets.update(bucket for intent in chunk for bucket in message_locks(intent))
+                    subjects.update(key for intent in chunk for key in same_send.keys_of_intent(intent))
                     staged += len(chunk)
-                if window is not None and buckets:
-                    await tx.run("lock_messages", CONTENT_LOCK_SPACE, sorted(buckets))
-                await core.plan_staged(tx, batch_id, name, state, actor, window)
+                if subjects:  # sends to these recipients wait for this plan: its checks see them, theirs see it
+                    await tx.run("lock_recipients", sorted(subjects))
+                await core.plan_staged(tx, batch_id, name, state, actor, rules)
         except _IntentsRaised as raised:
             raise raised.error from raised.error.__cause__  # the caller's own error, not the ledger's
         return staged
@@ -284,11 +273,43 @@ class PostgresLedger(reads.OperatorReads):
                     await self._pool.release(db, timeout=RELEASE_SECONDS)
 
 
-def message_locks(intent: Intent) -> list[int]:
-    """The duplicate guard's advisory locks for this message to each recipient (of `CONTENT_LOCK_BUCKETS`),
-    sorted, so that two sends of one message to a shared recipient take turns and never deadlock."""
-    pairs = (f"{intent.content_fingerprint}:{recipient}" for recipient in intent.recipients or ("",))
-    return sorted({zlib.crc32(pair.encode()) % CONTENT_LOCK_BUCKETS for pair in pairs})
+def begin_arguments(
+    intent: Intent, owner: str, lease_seconds: float, rules: Rules, compared: list[str] | None
+) -> tuple[Any, ...]:
+    """The parameters of `begin_send` (hg_begin_send's, in order)."""
+    always, windowed, closed_block = rules.match_states(allow_duplicate=intent.allow_duplicate)
+    return (
+        str(uuid.uuid4()),
+        *core.intent_values(intent),
+        owner,
+        lease_seconds,
+        intent.legacy_key,
+        json.dumps(always),
+        json.dumps(windowed),
+        closed_block,
+        rules.window_seconds,
+        rules.hold_lead,
+        rules.compares_near and not intent.allow_duplicate,
+        compared,
+        LEASE_EXPIRED,
+    )
+
+
+def _found(intent: Intent, verdict: str, rows: Sequence[Row], rules: Rules) -> Operation | None:
+    """What hg_begin_send's verdict means for `intent`: the operation to answer from (None: nothing stands in its
+    way); a refusal is raised."""
+    if verdict == "suppressed":
+        raise policy.suppressed_refusal(intent.recipients, intent.channel)
+    if verdict == "vanished":
+        raise LedgerUnavailable(
+            f"the operation under key {intent.idempotency_key!r} changed while it was recorded; retry"
+        )
+    operations = [core.operation_of(row) for row in rows]
+    if verdict == "existing":
+        return operations[0]
+    found = {"matches": Candidates(matches=operations), "holds": Candidates(holds=operations)}
+    candidates = found.get(verdict, Candidates(near=operations))
+    return policy.decide(intent, candidates, rules)
 
 
 class _IntentsRaised(HailGuardError):
@@ -462,7 +483,7 @@ _RECORD_FUNCTION = """
 def function_texts() -> dict[str, tuple[str, str]]:
     """Each server-side function's (checksum, SQL), from sql/postgres/<name>.sql."""
     folder = resources.files("hail_guard.ledger") / "sql" / "postgres"
-    texts = {name: (folder / f"{name}.sql").read_text() for name in _FUNCTIONS}
+    texts = {name: sql.filled((folder / f"{name}.sql").read_text(), "postgres") for name in _FUNCTIONS}
     return {name: (hashlib.sha256(script.encode()).hexdigest(), script) for name, script in texts.items()}
 
 
@@ -505,5 +526,36 @@ async def _backfill_recipients(db: asyncpg.Connection) -> None:
             )
 
 
-_BACKFILLS = {8: _backfill_recipients}
+async def _backfill_keys(db: asyncpg.Connection) -> None:
+    """Version 11: recipients renormalised, their keys (mailboxes) and the lead recomputed (`backfill`); each
+    recipient key's row of `operation_recipients` written again; opt-outs stored by key."""
+    rows = await db.fetch("SELECT id, channel, recipients, request, content_fingerprint FROM operations ORDER BY seq")
+    for page in backfill.pages(iter(rows)):
+        found = [
+            (row, backfill.renormalised(row["channel"], json.loads(row["recipients"]), row["request"])) for row in page
+        ]
+        await db.executemany(
+            "UPDATE operations SET recipients = $1::jsonb, recipient_keys = $2, lead = $3 WHERE id = $4",
+            [(json.dumps(f.recipients), f.recipient_keys, f.lead, row["id"]) for row, f in found],
+        )
+        await db.executemany(
+            "INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint) VALUES ($1, $2, $3)",
+            [(row["id"], key, row["content_fingerprint"]) for row, f in found for key in f.recipient_keys],
+        )
+    for row in await db.fetch("SELECT recipient, channel FROM suppressions ORDER BY created_at"):
+        key = backfill.opt_out_key(row["recipient"], row["channel"])  # of two that now read the same, the earliest
+        if key != row["recipient"]:
+            await db.execute(
+                "UPDATE suppressions SET recipient = $1 WHERE recipient = $2 AND channel = $3 "
+                "AND NOT EXISTS (SELECT 1 FROM suppressions WHERE recipient = $1 AND channel = $3)",
+                key,
+                row["recipient"],
+                row["channel"],
+            )
+            await db.execute(
+                "DELETE FROM suppressions WHERE recipient = $1 AND channel = $2", row["recipient"], row["channel"]
+            )
+
+
+_BACKFILLS = {8: _backfill_recipients, 11: _backfill_keys}
 """Migrations whose stored values are recomputed in Python right after their SQL, in their transaction."""

@@ -3,8 +3,9 @@
 Python only says which statement runs (procrastinate keeps its queries the same way). A statement of
 the same name takes the same parameters, in the same order, on both dialects (`?1`, `?2` on SQLite,
 `$1`, `$2` on PostgreSQL), so the ledger core (`hail_guard.ledger.core`) runs it on either. State sets
-are written `{recordable}`, `{claimable}`, ... and filled in from `hail_guard.lifecycle` when the file
-is loaded: the SQL never types a state set again. `{columns}` is an operation's columns.
+are written `{recordable}`, `{claimable}`, `{holding}`, ... and filled in from `hail_guard.lifecycle` and
+`hail_guard.same_send` when the file is loaded: the SQL never types a state set again. `{columns}` is an
+operation's columns.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import re
 from functools import cache
 from importlib import resources
 
+from hail_guard import same_send
 from hail_guard.lifecycle import SQL_SETS
 
 OPERATION_COLUMNS = (
     "id, idempotency_key, tool, channel, recipients, request, request_fingerprint, content_fingerprint, sender, "
-    "campaign_id, lead_id, message_id, batch_id, state, provider_id, result, last_error, review_reason, "
+    "campaign_id, lead_id, message_id, batch_id, lead, state, provider_id, result, last_error, review_reason, "
     "cancel_reason, attempts, lease_owner, lease_expires_at, not_before, next_check_at, created_at, updated_at, "
     "first_sent_at, delivery_state, delivery_at, delivery_checks, delivery_next_check_at, resend_of, resent_as, "
     "may_have_left"
@@ -25,6 +27,7 @@ OPERATION_COLUMNS = (
 """What every statement that answers with operations selects (`{columns}`, or `{o_columns}` for a table `o`)."""
 _FRAGMENTS = {
     **SQL_SETS,
+    **same_send.SQL_SETS,
     "columns": OPERATION_COLUMNS,
     "o_columns": ", ".join(f"o.{name}" for name in OPERATION_COLUMNS.split(", ")),
     "recorded_columns": ", ".join(f"recorded.{name}" for name in OPERATION_COLUMNS.split(", ")),
@@ -40,14 +43,16 @@ def statements(dialect: str) -> dict[str, str]:
     """Every named statement of `dialect` (`sqlite` or `postgres`), its state sets filled in."""
     text = (resources.files("hail_guard.ledger") / "sql" / dialect / "queries.sql").read_text()
     parts = _NAME.split(text)
-    fragments = {**_FRAGMENTS, "now": NOW[dialect]}
-    named = {name: _filled(body.strip(), fragments) for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    named = {name: filled(body.strip(), dialect) for name, body in zip(parts[1::2], parts[2::2], strict=True)}
     if len(named) != len(parts) // 2:
         raise ValueError(f"sql/{dialect}/queries.sql names a statement twice")
     return named
 
 
-def _filled(sql: str, fragments: dict[str, str]) -> str:
+def filled(sql: str, dialect: str) -> str:
+    """`sql` with its state sets, columns and clock filled in (any other `{word}` is left as written)."""
+    fragments = {**_FRAGMENTS, "now": NOW[dialect]}
+
     def fill(found: re.Match[str]) -> str:
         return fragments.get(found.group(1), found.group(0))
 

@@ -33,13 +33,14 @@ import aiosqlite
 import anyio
 import anyio.to_thread
 
-from hail_guard import policy, recipients
+from hail_guard import policy, recipients, same_send
 from hail_guard.errors import HailGuardError, LeaseLost, LedgerUnavailable
 from hail_guard.ledger import Begin, backfill, core, reads, sql
-from hail_guard.ledger.core import LEASE_EXPIRED, PLAN_CHUNK, Row, Work, must_row
+from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, PLAN_CHUNK, Row, Work, must_row
 from hail_guard.ledger.sqlite_file import backup_file, create_private, refuse_network_filesystem
 from hail_guard.lifecycle import is_legal
 from hail_guard.models import Intent, Operation, Outcome, State
+from hail_guard.same_send import Candidates, Rules
 
 _SQL: Final = sql.statements("sqlite")
 CLOSE_SECONDS = 10.0
@@ -219,9 +220,9 @@ class SqliteLedger(reads.OperatorReads):
     # --- the send path ------------------------------------------------------------------------------
 
     async def begin_send(
-        self, intent: Intent, *, owner: str, lease_seconds: float, duplicate_window_seconds: float | None = None
+        self, intent: Intent, *, owner: str, lease_seconds: float, rules: Rules = DEFAULT_RULES
     ) -> Begin:
-        result: Begin = await self._grouped(_begin_send, intent, owner, lease_seconds, duplicate_window_seconds)
+        result: Begin = await self._grouped(_begin_send, intent, owner, lease_seconds, rules)
         return result
 
     async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
@@ -229,9 +230,9 @@ class SqliteLedger(reads.OperatorReads):
         return result
 
     async def claim_ready(
-        self, *, owner: str, lease_seconds: float, batch_id: str | None = None, limit: int = 1
+        self, *, owner: str, lease_seconds: float, batch_id: str | None = None, limit: int = 1, hold_lead: bool = True
     ) -> list[Operation]:
-        result: list[Operation] = await self._grouped(_claim_ready, owner, lease_seconds, batch_id, limit)
+        result: list[Operation] = await self._grouped(_claim_ready, owner, lease_seconds, batch_id, limit, hold_lead)
         return result
 
     async def _claim_unknown(
@@ -254,7 +255,7 @@ class SqliteLedger(reads.OperatorReads):
         return result
 
     async def _plan_batch(
-        self, batch_id: str, name: str | None, intents: Iterable[Intent], state: State, actor: str, window: float | None
+        self, batch_id: str, name: str | None, intents: Iterable[Intent], state: State, actor: str, rules: Rules
     ) -> int:
         """On a connection of its own: staged a chunk per trip in a temporary table (no lock on the ledger, so
         other processes keep sending while a large file is read and checked), then checked against the ledger
@@ -269,7 +270,7 @@ class SqliteLedger(reads.OperatorReads):
                     staged += len(chunk)
                 await db.execute("BEGIN IMMEDIATE")
                 try:
-                    await core.plan_staged(tx, batch_id, name, state, actor, window)
+                    await core.plan_staged(tx, batch_id, name, state, actor, rules)
                 except BaseException:
                     with anyio.CancelScope(shield=True):
                         await db.execute("ROLLBACK")
@@ -324,20 +325,18 @@ def _expire(db: sqlite3.Connection) -> int:
     return len(expired)
 
 
-def _begin_send(
-    db: sqlite3.Connection, intent: Intent, owner: str, lease_seconds: float, window_seconds: float | None
-) -> Begin:
+def _begin_send(db: sqlite3.Connection, intent: Intent, owner: str, lease_seconds: float, rules: Rules) -> Begin:
     _expire(db)
-    existing = _one(db, "operation_by_key", intent.idempotency_key)
+    existing = _one(db, "operation_by_keys", intent.idempotency_key, intent.legacy_key)
     if existing is not None:
-        same = existing.request_fingerprint == intent.request_fingerprint or policy.same_meaning(existing, intent)
-        return _claim_if_ready(db, existing, owner, lease_seconds) if same else Begin(existing, claimed=False)
+        if not same_send.repeats(existing, intent):
+            return Begin(existing, claimed=False)  # the key holds another message: the caller refuses it
+        return _claim_if_ready(db, existing, owner, lease_seconds, rules)
     if _opted_out(db, intent.recipients, intent.channel):
         raise policy.suppressed_refusal(intent.recipients, intent.channel)
-    if window_seconds is not None:
-        matches = _matches(db, intent, window_seconds)
-        if matches:
-            return _claim_if_ready(db, policy.repeat_of(intent, matches), owner, lease_seconds)
+    answer = policy.decide(intent, _candidates(db, intent, rules), rules)
+    if answer is not None:
+        return _claim_if_ready(db, answer, owner, lease_seconds, rules)
     operation_id = str(uuid.uuid4())
     [row] = _fetch(db, "insert_sending", (operation_id, *core.intent_values(intent), owner, lease_seconds))
     db.execute(_SQL["insert_operation_recipients"], (operation_id,))
@@ -345,9 +344,12 @@ def _begin_send(
     return Begin(core.operation_of(row), claimed=True)
 
 
-def _claim_if_ready(db: sqlite3.Connection, operation: Operation, owner: str, lease_seconds: float) -> Begin:
-    """A `ready` operation is claimed to be sent now (under its own key and request); any other is answered from."""
-    claimed = _fetch(db, "claim_ready_by_id", (owner, lease_seconds, operation.id))
+def _claim_if_ready(
+    db: sqlite3.Connection, operation: Operation, owner: str, lease_seconds: float, rules: Rules
+) -> Begin:
+    """A `ready` operation is claimed to be sent now (under its own key and request), unless its recipient is held;
+    any other is answered from."""
+    claimed = _fetch(db, "claim_ready_by_id", (owner, lease_seconds, operation.id, rules.hold_lead))
     if not claimed:
         return Begin(operation, claimed=False)
     _event(db, operation.id, State.READY, State.SENDING, owner, "claimed; forwarding")
@@ -359,13 +361,23 @@ def _opted_out(db: sqlite3.Connection, reached: Sequence[str], channel: str) -> 
     return bool(probes) and bool(_fetch(db, "opted_out", (json.dumps(probes), channel)))
 
 
-def _matches(db: sqlite3.Connection, intent: Intent, window_seconds: float) -> list[Operation]:
-    """The operations that block `intent` being recorded (see the statement `matches`), newest first."""
-    return _operations(db, "matches", core.match_args(intent, window_seconds))
+def _candidates(db: sqlite3.Connection, intent: Intent, rules: Rules) -> Candidates:
+    """What the ledger holds that the rules about the same send compare `intent` with (see `same_send`)."""
+    matches = _operations(db, "matches", core.match_args(intent, rules))
+    if matches:
+        return Candidates(matches=matches)
+    holds = _operations(db, "holds", core.hold_args(intent, rules))
+    if holds or not rules.compares_near or intent.allow_duplicate:
+        return Candidates(holds=holds)
+    return Candidates(near=_operations(db, "near", core.near_args(intent, rules)))
 
 
 def _record_outcome(db: sqlite3.Connection, operation_id: str, owner: str, outcome: Outcome, actor: str) -> Operation:
     before = _must(db, operation_id)
+    if outcome.state is State.ACCEPTED and outcome.provider_id is not None:
+        holder = _fetch(db, "provider_id_holder", (outcome.provider_id, operation_id))
+        if holder:
+            outcome = policy.provider_id_taken(outcome, holder[0]["id"])
     recorded = _fetch(db, "record_outcome", (*core.outcome_values(outcome), operation_id, owner))
     if not recorded:
         raise LeaseLost(
@@ -377,11 +389,11 @@ def _record_outcome(db: sqlite3.Connection, operation_id: str, owner: str, outco
 
 
 def _claim_ready(
-    db: sqlite3.Connection, owner: str, lease_seconds: float, batch_id: str | None, limit: int
+    db: sqlite3.Connection, owner: str, lease_seconds: float, batch_id: str | None, limit: int, hold_lead: bool
 ) -> list[Operation]:
     _expire(db)
     name, args = ("claim_ready_any", ()) if batch_id is None else ("claim_ready_in_batch", (batch_id,))
-    claimed = _operations(db, name, (owner, lease_seconds, limit, *args))
+    claimed = _operations(db, name, (owner, lease_seconds, limit, hold_lead, *args))
     for operation in claimed:
         _event(db, operation.id, State.READY, State.SENDING, owner, "claimed; forwarding")
     return claimed
@@ -538,7 +550,32 @@ def _backfill_recipients(db: sqlite3.Connection) -> None:
                 db.execute("DELETE FROM suppressions WHERE rowid = ?", (row["id"],))
 
 
-_BACKFILLS: dict[int, Callable[[sqlite3.Connection], None]] = {6: _backfill_recipients}
+def _backfill_keys(db: sqlite3.Connection) -> None:
+    """Version 9: recipients renormalised, their keys (mailboxes) and the lead recomputed (`backfill`); each
+    recipient key's row of `operation_recipients` written again; opt-outs stored by key."""
+    rows = db.execute("SELECT id, channel, recipients, request, content_fingerprint FROM operations ORDER BY rowid")
+    for page in backfill.pages(iter(rows.fetchall())):
+        found = [
+            (row, backfill.renormalised(row["channel"], json.loads(row["recipients"]), row["request"])) for row in page
+        ]
+        db.executemany(
+            "UPDATE operations SET recipients = ?, recipient_keys = ?, lead = ? WHERE id = ?",
+            [(json.dumps(f.recipients), json.dumps(f.recipient_keys), f.lead, row["id"]) for row, f in found],
+        )
+        db.executemany(
+            "INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint) VALUES (?, ?, ?)",
+            [(row["id"], key, row["content_fingerprint"]) for row, f in found for key in f.recipient_keys],
+        )
+    opt_outs = db.execute("SELECT rowid AS id, recipient, channel FROM suppressions ORDER BY created_at").fetchall()
+    for row in opt_outs:  # of two that now read the same, the earliest is kept
+        key = backfill.opt_out_key(row["recipient"], row["channel"])
+        if key != row["recipient"]:
+            moved = db.execute("UPDATE OR IGNORE suppressions SET recipient = ? WHERE rowid = ?", (key, row["id"]))
+            if moved.rowcount == 0:
+                db.execute("DELETE FROM suppressions WHERE rowid = ?", (row["id"],))
+
+
+_BACKFILLS: dict[int, Callable[[sqlite3.Connection], None]] = {6: _backfill_recipients, 9: _backfill_keys}
 """Migrations whose stored values are recomputed in Python right after their SQL, in their transaction."""
 
 

@@ -5,8 +5,8 @@ is told. No I/O anywhere in the package; every other part of hail-guard asks her
   replay, reconcile's next step (DESIGN.md, classification and reconcile).
 - `arguments`: what a send's arguments must be before anything is recorded (the schema, the profile's
   rules: Hail's own, consent).
-- `repeats`: retry by meaning: whether a send repeats one the ledger holds, and the refusals that say so;
-  whether a message an upstream lists is an operation's (`sighting`).
+- `repeats`: what a send that repeats one the ledger holds is answered (`same_send` decides), and whether a
+  message an upstream lists is an operation's (`sighting`).
 - `answers`: what an agent is told: states in words, the one next step, headlines, every failure.
 - `operator`: review resolutions, resends, opt-outs and pruning, and the texts they write.
 
@@ -59,19 +59,17 @@ from hail_guard.policy.outcomes import (
     outcome_of_search,
     outcome_of_send,
     plan_reconcile,
+    provider_id_taken,
     replay_not_made,
 )
 from hail_guard.policy.repeats import (
     SIGHTING_MARGIN_SECONDS,
     Sighted,
     already_planned,
-    blocking_states,
-    blocks,
+    decide,
     key_conflict,
     meaning_differences,
-    repeat_of,
-    same_meaning,
-    senders_agree,
+    refusal,
     sighting,
     suppressed_refusal,
 )
@@ -93,11 +91,10 @@ __all__ = [
     "Sighted",
     "already_planned",
     "answer_of_failure",
-    "blocking_states",
-    "blocks",
     "check_review_decision",
     "check_rules",
     "classify",
+    "decide",
     "declared_fields",
     "differing_fields",
     "failure_of",
@@ -112,14 +109,13 @@ __all__ = [
     "outcome_of_search",
     "outcome_of_send",
     "plan_reconcile",
+    "provider_id_taken",
     "prune_age_seconds",
-    "repeat_of",
+    "refusal",
     "replay_not_made",
     "resend_key_taken",
     "resend_texts",
     "review_decision_text",
-    "same_meaning",
-    "senders_agree",
     "sentence",
     "sighting",
     "state_phrase",

@@ -193,6 +193,25 @@ def outcome_of_replay(answer: Answer, *, previous_error: str | None, attempts: i
     return base.model_copy(update={"check_after_seconds": wait or CHECK_AGAIN_SECONDS})
 
 
+def provider_id_taken(outcome: Outcome, holder_id: str) -> Outcome:
+    """An accepted answer whose message id operation `holder_id` already holds: one message is one send, so the
+    second is for a human (`needs_review`), keeping what the upstream said; the id stays with the first."""
+    reason = (
+        f"the upstream answered with message id {outcome.provider_id}, which operation {holder_id} already holds: "
+        "one message is one send, so a human decides whether this one was sent"
+    )
+    kept = outcome.result if outcome.result is not None else {}
+    return outcome.model_copy(
+        update={
+            "state": State.NEEDS_REVIEW,
+            "reason": reason,
+            "review_reason": reason,
+            "provider_id": None,
+            "result": kept,
+        }
+    )
+
+
 def replay_not_made(error: str) -> Outcome:
     """A reconcile replay that never left (Hail unreachable): still unknown, and the attempt is not spent."""
     return Outcome(

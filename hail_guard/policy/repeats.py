@@ -1,10 +1,10 @@
-"""Retry by meaning: whether a new send repeats a message the ledger holds, and the refusals that say so.
+"""What an agent is told when a send repeats one the ledger holds, and whether a listed message is a send's.
 
-A retry of a send is recognised by what it says and to whom (`same_meaning`: the tool, the message's
-content fingerprint, the recipients, the sender fields both give), not by its bytes or its key. Both
-ledger backends decide with these functions (the PostgreSQL one in SQL, from `blocking_states`), so a
-repeat is answered from the ledger, an overlap or an opt-out is refused, and no text ever invites a
-second send. `sighting` applies the same idea to a message an upstream lists (the profile's `search`).
+`same_send` decides what counts as the same send (`same_send.judge`); `decide` turns its verdict into the
+operation to answer from, or the refusal that says why nothing was sent: the same message overlapping
+other recipients, a second copy while the first may be in flight, a recipient (or lead) with an unresolved
+send, a text near the same as one a recipient has. No text ever tells an agent how to force a second send.
+`sighting` applies the same idea to a message an upstream lists (the profile's `search`).
 """
 
 from __future__ import annotations
@@ -15,16 +15,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hail_guard import keys, pointers, recipients
-from hail_guard.errors import (
-    KeyConflict,
-    ProbableDuplicate,
-    Suppressed,
-)
-from hail_guard.lifecycle import LIVE, UNRESOLVED
+from hail_guard import pointers, recipients, same_send
+from hail_guard.errors import Held, KeyConflict, ProbableDuplicate, Suppressed
 from hail_guard.models import Intent, Operation
 from hail_guard.policy.answers import next_step, sentence, state_phrase
 from hail_guard.profiles import DEFAULT_TIMES, Match, ToolSpec
+from hail_guard.same_send import Candidates, Finding, Rules, Verdict
 
 
 def suppressed_refusal(recipients: Sequence[str], channel: str) -> Suppressed:
@@ -39,82 +35,83 @@ def suppressed_refusal(recipients: Sequence[str], channel: str) -> Suppressed:
     )
 
 
-def blocks(operation: Operation, *, allow_duplicate: bool) -> bool:
-    """Whether `operation` (the same message to a shared recipient) stops a new one being recorded.
-
-    `allow_duplicate` (the user asked for a second copy) passes what has settled, never what may still
-    be sending or may have been sent unseen: `sending`, `unknown`, `needs_review`.
-    """
-    if allow_duplicate:
-        return operation.state in UNRESOLVED
-    return operation.state in LIVE or operation.may_have_left
-
-
-def blocking_states(*, allow_duplicate: bool) -> tuple[list[str], bool]:
-    """`blocks` for SQL: the states that block, and whether an operator's close after sending does."""
-    states = UNRESOLVED if allow_duplicate else LIVE
-    return sorted(state.value for state in states), not allow_duplicate
+def decide(intent: Intent, found: Candidates, rules: Rules, position: int | None = None) -> Operation | None:
+    """What the ledger does with a send whose key is new: None to record it, the operation to answer from
+    (the same message to the same people), or a refusal raised (`same_send.judge` decides)."""
+    verdict = same_send.judge(intent, intent.text, found, rules)
+    if verdict.finding is Finding.NEW:
+        return None
+    if verdict.finding is Finding.SAME:
+        return verdict.operation
+    raise refusal(intent, verdict, position)
 
 
-def senders_agree(earlier: Mapping[str, str], later: Mapping[str, str]) -> bool:
-    """Sender fields are compared only where both sends give them (left out: the upstream's default)."""
-    return all(earlier[name] == later[name] for name in earlier.keys() & later.keys())
-
-
-def same_meaning(operation: Operation, intent: Intent) -> bool:
-    """True when `intent` is the same message to the same people as `operation`, whatever its form."""
-    return (
-        operation.tool == intent.tool
-        and operation.content_fingerprint == intent.content_fingerprint
-        and set(operation.recipients) == set(intent.recipients)
-        and senders_agree(operation.sender, json.loads(intent.sender))
-    )
-
-
-def repeat_of(intent: Intent, matches: Sequence[Operation], position: int | None = None) -> Operation:
-    """The operation a new send repeats, among `matches`: operations that block it (`blocks`), each with the
-    same message for at least one of its recipients, newest first.
-
-    The same recipients: the send is that operation again (answer from it). Overlapping ones: refused,
-    naming who already has it. Either way nothing new is recorded, and no text invites a second send.
-    """
+def refusal(intent: Intent, verdict: Verdict, position: int | None = None) -> ProbableDuplicate | Held:
+    """Why a send was not recorded, naming the operation in its way and the one safe step."""
+    earlier = verdict.operation
+    assert earlier is not None
     where = f"send {position}: " if position is not None else ""
-    if intent.allow_duplicate:
-        raise ProbableDuplicate(
-            f"{where}a second copy cannot be sent yet: {_has_it(matches[0], intent)}. "
-            f"Nothing was sent. {sentence(next_step(matches[0]))}.",
-            operation_id=matches[0].id,
-        )
-    wanted = set(intent.recipients)
-    same = [operation for operation in matches if set(operation.recipients) == wanted]
-    if same:
-        return min(same, key=lambda operation: operation.resent_as is not None)  # the live one of a resend
-    earlier = matches[0]
-    others = [recipient for recipient in intent.recipients if recipient not in earlier.recipients]
-    rest = (
-        f"Sending it to the others alone ({', '.join(others)}) is fine."
-        if others
-        else "Everyone this send names already has it."
-    )
-    raise ProbableDuplicate(
-        f"{where}{_has_it(earlier, intent)}. Nothing was sent. {sentence(next_step(earlier))}. {rest}",
-        operation_id=earlier.id,
-    )
+    step = sentence(next_step(earlier))
+    if verdict.finding is Finding.HELD:
+        return Held(f"{where}{_held(intent, earlier)}", operation_id=earlier.id)
+    if verdict.finding is Finding.SECOND_COPY:
+        said = f"a second copy cannot be sent yet: {_has_it(earlier, intent)}. Nothing was sent. {step}."
+    elif verdict.finding is Finding.NEAR:
+        said = f"{_near(earlier, intent, verdict.similarity or 0.0)}. Nothing was sent. {step}."
+    else:
+        said = f"{_has_it(earlier, intent)}. Nothing was sent. {step}. {_the_others(earlier, intent)}"
+    return ProbableDuplicate(f"{where}{said}", operation_id=earlier.id)
 
 
-def already_planned(intent: Intent, matches: Sequence[Operation], position: int) -> ProbableDuplicate:
-    """The refusal of a batch whose send `position` the ledger already has (`repeat_of`, for planning)."""
-    earlier = repeat_of(intent, matches, position)  # an overlap is refused there
+def already_planned(intent: Intent, found: Candidates, rules: Rules, position: int) -> ProbableDuplicate | Held:
+    """The refusal of a batch whose send `position` the ledger already has (planning refuses rather than answers)."""
+    earlier = decide(intent, found, rules, position)  # an overlap or a near-same message is refused there
+    assert earlier is not None
     return ProbableDuplicate(
         f"send {position}: {_has_it(earlier, intent)}. Nothing was planned. Leave send {position} out of the batch",
         operation_id=earlier.id,
     )
 
 
+def _shared(earlier: Operation, intent: Intent) -> list[str]:
+    theirs = {recipients.key_of(recipient) for recipient in earlier.recipients}
+    return [recipient for recipient in intent.recipients if recipients.key_of(recipient) in theirs]
+
+
 def _has_it(earlier: Operation, intent: Intent) -> str:
-    shared = [recipient for recipient in intent.recipients if recipient in earlier.recipients]
+    shared = _shared(earlier, intent) or list(intent.recipients)
     verb = "has" if len(shared) == 1 else "have"
     return f"{', '.join(shared)} already {verb} this message: operation {earlier.id} is {state_phrase(earlier)}"
+
+
+def _the_others(earlier: Operation, intent: Intent) -> str:
+    shared = set(_shared(earlier, intent))
+    others = [recipient for recipient in intent.recipients if recipient not in shared]
+    if others:
+        return f"Sending it to the others alone ({', '.join(others)}) is fine."
+    return "Everyone this send names already has it."
+
+
+def _held(intent: Intent, earlier: Operation) -> str:
+    shared = _shared(earlier, intent)
+    if shared:
+        whom = f"{', '.join(shared)} {'has' if len(shared) == 1 else 'have'} an unsettled {earlier.channel} send"
+    else:  # the same lead, on another channel
+        whom = f"the same lead has an unsettled {earlier.channel} send"
+    return (
+        f"{whom}: operation {earlier.id} is {state_phrase(earlier)}. Nothing was sent: while it is unsettled nothing "
+        f"new goes to them, whatever it says. {sentence(next_step(earlier))}; once it is settled, send this only if "
+        "it is still wanted."
+    )
+
+
+def _near(earlier: Operation, intent: Intent, score: float) -> str:
+    shared = _shared(earlier, intent) or list(intent.recipients)
+    verb = "has" if len(shared) == 1 else "have"
+    return (
+        f"probably a duplicate: {', '.join(shared)} already {verb} a message {score:.0%} the same "
+        f"(operation {earlier.id} is {state_phrase(earlier)})"
+    )
 
 
 def key_conflict(spec: ToolSpec, earlier: Operation, intent: Intent, request: Mapping[str, Any]) -> KeyConflict:
@@ -132,7 +129,7 @@ def meaning_differences(spec: ToolSpec, earlier: Operation, intent: Intent, requ
     """What differs by meaning between a stored operation and a new send under its key (names only)."""
     old, new = spec.message(earlier.arguments()), spec.message(request)
     fields = sorted(set(old) | set(new))
-    differing = [name for name in fields if keys.meaning_of(old.get(name)) != keys.meaning_of(new.get(name))]
+    differing = [name for name in fields if same_send.meaning_of(old.get(name)) != same_send.meaning_of(new.get(name))]
     if set(earlier.recipients) != set(intent.recipients):
         differing.append("recipients")
     later = json.loads(intent.sender)
@@ -195,7 +192,7 @@ def _alike(record: Mapping[str, Any], request: Mapping[str, Any], match: Match, 
     sent = pointers.resolve(request, match.argument)
     if match.compare == "recipients":
         return _recipient_set(item, channel) == _recipient_set(sent, channel)
-    return bool(keys.meaning_of(item) == keys.meaning_of(sent))
+    return bool(same_send.meaning_of(item) == same_send.meaning_of(sent))
 
 
 def _recipient_set(value: object, channel: str) -> frozenset[str]:

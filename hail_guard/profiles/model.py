@@ -209,6 +209,9 @@ class ToolFields(_Strict):
     """Who it is from, compared as addresses or numbers (only where both sends give them)."""
     sender_names: list[Pointer] | None = None
     """Who it is from, compared as names (case-folded)."""
+    lead: list[Pointer] | None = None
+    """Who a send is for in the caller's own records (default: `/metadata/campaign_id` and `/metadata/lead_id`):
+    while a send to a lead is unresolved, nothing new goes to that lead on any channel; `[]`: never held so."""
     key: ArgumentPointer | None = None
     """The upstream's idempotency key argument; none: the upstream takes no key."""
     provider_id: Pointer | None = None

@@ -35,6 +35,8 @@ KEY_FIELD = "idempotency_key"
 ALLOW_DUPLICATE = "allow_duplicate"
 DEFAULT_RECIPIENTS = RECIPIENT_POINTERS
 """Where a tool's recipients are when its profile does not say: every one is checked against opt-outs."""
+DEFAULT_LEAD = ("/metadata/campaign_id", "/metadata/lead_id")
+"""Who a send is for when a profile does not say (`lead`): the caller's campaign and lead ids."""
 DEFAULT_TIMES = ("/created_at", "/createdAt", "/timestamp", "/sent_at", "/requested_at")
 
 
@@ -50,6 +52,8 @@ class ToolSpec:
     not_content: frozenset[str]
     sender: tuple[str, ...]
     sender_names: tuple[str, ...]
+    lead: tuple[str, ...]
+    """Who a send is for in the caller's own records (`same_send.lead_of`); empty: nobody."""
     key: str | None
     """The upstream's key argument (a top-level name); None: the upstream takes no key."""
     provider_id: str
@@ -100,6 +104,7 @@ def spec_of(entry: ToolEntry, defaults: ToolFields, answers: Answers, rules: Seq
         not_content=_not_content([*pick("not_content", ()), *recipients, *sender, *sender_names], key),
         sender=sender,
         sender_names=sender_names,
+        lead=tuple(pick("lead", DEFAULT_LEAD)),
         key=key,
         provider_id=pick("provider_id", "/id"),
         required=tuple(pick("required", ())),

@@ -43,13 +43,14 @@ INSERT INTO events (operation_id, at, from_state, to_state, actor, reason) VALUE
 
 -- name: insert_operation
 INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request, request_fingerprint,
-    content_fingerprint, sender, campaign_id, lead_id, message_id, batch_id, state, created_at, updated_at)
+    content_fingerprint, sender, campaign_id, lead_id, message_id, batch_id, lead, state, created_at, updated_at)
 VALUES ($1, $2, $3, $4, $5::jsonb, ARRAY(SELECT jsonb_array_elements_text($6::jsonb)), $7, $8, $9, $10::jsonb, $11,
-    $12, $13, $14, $15, {now}, {now})
+    $12, $13, $14, $15, $16, {now}, {now})
 
 -- name: insert_operation_recipients
+-- One row per recipient key (the mailbox: `recipients.key_of`): what every rule about the same send compares.
 INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
-SELECT o.id, r, o.content_fingerprint FROM operations o, jsonb_array_elements_text(o.recipients) AS r WHERE o.id = $1
+SELECT o.id, r, o.content_fingerprint FROM operations o, unnest(o.recipient_keys) AS r WHERE o.id = $1
 
 -- name: resolve_review
 UPDATE operations SET state = $1, provider_id = COALESCE($2, provider_id), cancel_reason = COALESCE($3, cancel_reason),
@@ -100,6 +101,21 @@ SELECT state, count(*) AS count FROM operations WHERE batch_id = $1 GROUP BY sta
 
 -- name: batch_unresolved
 SELECT {columns} FROM operations WHERE batch_id = $1 AND state IN {unresolved} ORDER BY created_at, seq LIMIT 100
+
+-- name: batch_held
+-- As SQLite's: the batch's `ready` sends held by an unresolved send, with what holds each (`held_by`).
+SELECT * FROM (
+    SELECT {o_columns}, o.seq AS position, h.id AS held_by
+    FROM operations h
+    JOIN operation_recipients hr ON hr.operation_id = h.id
+    JOIN operation_recipients r ON r.recipient = hr.recipient
+    JOIN operations o ON o.id = r.operation_id
+    WHERE h.state IN {holding} AND o.batch_id = $1 AND o.state = {claimable_state} AND o.channel = h.channel
+    UNION ALL
+    SELECT {o_columns}, o.seq AS position, h.id AS held_by
+    FROM operations h JOIN operations o ON o.lead = h.lead
+    WHERE $2 AND h.state IN {holding} AND o.batch_id = $1 AND o.state = {claimable_state} AND o.id <> h.id) AS held
+ORDER BY created_at, position LIMIT 100
 
 -- name: list_batches
 SELECT b.id AS batch_id, b.name, b.created_at, o.state, count(o.id) AS count
@@ -188,17 +204,30 @@ SELECT 1 FROM unnest(ARRAY(SELECT jsonb_array_elements_text($1::jsonb))) AS r (r
 LIMIT 1
 
 -- name: matches
+-- As SQLite's: the same message ($1) to one of its recipient keys ($2), under another key ($3), of the same tool
+-- ($4), whose senders agree with $9, in a state that blocks it: one of $5 at any age, or one of $6 (or closed by an
+-- operator after it may have left, when $7) first sent within $8 seconds.
 SELECT {o_columns} FROM operations o
 WHERE o.id IN (
     SELECT r.operation_id FROM operation_recipients r
     WHERE r.content_fingerprint = $1 AND r.recipient IN (SELECT jsonb_array_elements_text($2::jsonb)))
   AND o.idempotency_key <> $3 AND o.tool = $4
-  AND (o.state IN (SELECT jsonb_array_elements_text($5::jsonb)) OR ($6 AND o.may_have_left))
-  AND o.created_at >= {now} - $7::float8 * interval '1 second'
+  AND (o.state IN (SELECT jsonb_array_elements_text($5::jsonb))
+       OR ((o.state IN (SELECT jsonb_array_elements_text($6::jsonb)) OR ($7 AND o.may_have_left))
+           AND COALESCE(o.first_sent_at, o.created_at) >= {now} - $8::float8 * interval '1 second'))
   AND NOT EXISTS (
-    SELECT 1 FROM jsonb_each(o.sender) a JOIN jsonb_each($8::jsonb) b ON a.key = b.key WHERE a.value <> b.value)
+    SELECT 1 FROM jsonb_each(o.sender) a JOIN jsonb_each($9::jsonb) b ON a.key = b.key WHERE a.value <> b.value)
 ORDER BY o.created_at DESC, o.seq DESC
 LIMIT 20
+
+-- name: holds
+-- As SQLite's: unresolved sends to one of these recipient keys ($1) on channel $2, or to the lead $3.
+SELECT {o_columns} FROM operations o
+WHERE o.state IN {holding} AND (
+    (o.channel = $2 AND o.id IN (
+        SELECT r.operation_id FROM operation_recipients r WHERE r.recipient IN (SELECT jsonb_array_elements_text($1::jsonb))))
+    OR o.lead = $3::text)
+ORDER BY o.created_at, o.seq LIMIT 5
 
 -- ---------------------------------------------------------------------------------------------------
 -- Planning a batch, in one transaction: the sends are staged (COPY) into a temporary table dropped at its end.
@@ -208,7 +237,7 @@ CREATE TEMPORARY TABLE hg_plan_stage (
     position INTEGER NOT NULL, id TEXT NOT NULL, idempotency_key TEXT NOT NULL, tool TEXT NOT NULL,
     channel TEXT NOT NULL, recipients JSONB NOT NULL, recipient_keys JSONB NOT NULL, request TEXT NOT NULL,
     request_fingerprint TEXT NOT NULL, content_fingerprint TEXT NOT NULL, sender JSONB NOT NULL, campaign_id TEXT,
-    lead_id TEXT, message_id TEXT, allow_duplicate BOOLEAN NOT NULL
+    lead_id TEXT, message_id TEXT, lead TEXT, allow_duplicate BOOLEAN NOT NULL
 ) ON COMMIT DROP
 
 -- name: staged_known_keys
@@ -218,12 +247,13 @@ ORDER BY p.position LIMIT 10
 
 -- name: staged_repeat
 SELECT p.position FROM hg_plan_stage p
-CROSS JOIN LATERAL jsonb_array_elements_text(p.recipients) AS pr (recipient)
+CROSS JOIN LATERAL jsonb_array_elements_text(p.recipient_keys) AS pr (recipient)
 JOIN operation_recipients r ON r.content_fingerprint = p.content_fingerprint AND r.recipient = pr.recipient
 JOIN operations o ON o.id = r.operation_id
 WHERE p.allow_duplicate = $2 AND o.idempotency_key <> p.idempotency_key AND o.tool = p.tool
-  AND (o.state IN (SELECT jsonb_array_elements_text($3::jsonb)) OR ($4 AND o.may_have_left))
-  AND o.created_at >= {now} - $1::float8 * interval '1 second'
+  AND (o.state IN (SELECT jsonb_array_elements_text($3::jsonb))
+       OR ((o.state IN (SELECT jsonb_array_elements_text($4::jsonb)) OR ($5 AND o.may_have_left))
+           AND COALESCE(o.first_sent_at, o.created_at) >= {now} - $1::float8 * interval '1 second'))
   AND NOT EXISTS (
     SELECT 1 FROM jsonb_each(o.sender) a JOIN jsonb_each(p.sender) b ON a.key = b.key WHERE a.value <> b.value)
 ORDER BY p.position
@@ -231,36 +261,39 @@ LIMIT 1
 
 -- name: staged_intent
 SELECT idempotency_key, tool, channel, recipients, request, request_fingerprint, content_fingerprint,
-    sender::text AS sender, campaign_id, lead_id, message_id, allow_duplicate
+    sender::text AS sender, campaign_id, lead_id, message_id, lead, allow_duplicate
 FROM hg_plan_stage WHERE position = $1
 
 -- name: plan_staged
 INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request, request_fingerprint,
-    content_fingerprint, sender, campaign_id, lead_id, message_id, batch_id, state, created_at, updated_at)
+    content_fingerprint, sender, campaign_id, lead_id, message_id, lead, batch_id, state, created_at, updated_at)
 SELECT id, idempotency_key, tool, channel, recipients, ARRAY(SELECT jsonb_array_elements_text(recipient_keys)),
-    request, request_fingerprint, content_fingerprint, sender, campaign_id, lead_id, message_id, $1, $2, {now}, {now}
+    request, request_fingerprint, content_fingerprint, sender, campaign_id, lead_id, message_id, lead, $1, $2, {now},
+    {now}
 FROM hg_plan_stage ORDER BY position
 
 -- name: plan_staged_recipients
 INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
-SELECT p.id, r, p.content_fingerprint FROM hg_plan_stage p, jsonb_array_elements_text(p.recipients) AS r
+SELECT p.id, r, p.content_fingerprint FROM hg_plan_stage p, jsonb_array_elements_text(p.recipient_keys) AS r
 
 -- name: plan_staged_events
 INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
 SELECT p.id, {now}, NULL, $1, $2, $3 FROM hg_plan_stage p JOIN operations o ON o.id = p.id ORDER BY o.seq
 
--- name: lock_messages
-SELECT pg_advisory_xact_lock($1, bucket) FROM unnest($2::int[]) AS bucket
+-- name: lock_recipients
+-- The advisory locks of these recipient keys (and leads), sorted (see hg_begin_send): the sends to them wait for
+-- this plan's transaction.
+SELECT pg_advisory_xact_lock(hg_lock_key(subject)) FROM unnest($1::text[]) AS subject ORDER BY hg_lock_key(subject)
 
 -- ---------------------------------------------------------------------------------------------------
 -- The send path (hail_guard/ledger/postgres.py): each write one statement, committed on its own.
 
 -- name: begin_send
--- Everything `begin_send` does, in one round trip: see begin_send.sql for the statements it runs.
+-- Everything `begin_send` does, in one round trip (two when near messages are compared): see begin_send.sql.
 SELECT b.verdict, (b.operation).*
 FROM hg_begin_send($1, $2, $3, $4, $5::jsonb, ARRAY(SELECT jsonb_array_elements_text($6::jsonb)), $7, $8, $9,
-    $10::jsonb, $11, $12, $13, $14, $15, $16, $17, ARRAY(SELECT jsonb_array_elements_text($18::jsonb)), $19, $20,
-    $21, $22) b
+    $10::jsonb, $11, $12, $13, $14, $15, $16, $17, $18, ARRAY(SELECT jsonb_array_elements_text($19::jsonb)),
+    ARRAY(SELECT jsonb_array_elements_text($20::jsonb)), $21, $22, $23, $24, $25::text[], $26) b
 
 -- name: expire_leases
 -- The rows are picked once, locked, and updated by id (as `id IN (subquery)`, PostgreSQL could run the subquery
@@ -277,100 +310,45 @@ logged AS (
 SELECT count(*) AS expired FROM expired
 
 -- name: claim_ready_by_id
-WITH claimed AS (
-    UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = $1,
-        lease_expires_at = {now} + $2::float8 * interval '1 second', updated_at = {now},
-        first_sent_at = COALESCE(first_sent_at, {now})
-    WHERE id = $3 AND state IN {claimable} AND (not_before IS NULL OR not_before <= {now}) AND NOT EXISTS (
-        SELECT 1 FROM unnest(operations.recipient_keys) AS r (recipient), LATERAL (
-            SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN (operations.channel, 'all')
-            LIMIT 1) AS opted_out)
-    RETURNING operations.*),
-logged AS (
-    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
-    SELECT id, {now}, 'ready', 'sending', $1, 'claimed; forwarding' FROM claimed)
-SELECT {columns} FROM claimed
+-- $1 owner, $2 lease seconds, $3 the operation, $4 whether a lead's unresolved send holds it (see claims.sql).
+SELECT {columns} FROM hg_claim_ready($1, $2::float8, 1, NULL, NULL, $3, $4)
 
 -- name: claim_ready_any
--- Expire the leases that ran out, and claim the oldest `ready` operations whose recipients did not opt out, with
--- their events: one statement. A claim for any batch and one for a batch are separate statements, so each keeps
--- one plan.
-WITH expiring AS MATERIALIZED (
-    SELECT id FROM operations WHERE state IN {expiring} AND lease_expires_at <= {now} FOR UPDATE SKIP LOCKED),
-expired AS (
-    UPDATE operations SET state = 'unknown', updated_at = {now}, next_check_at = {now}
-    FROM expiring WHERE operations.id = expiring.id
-    RETURNING operations.id),
-expired_logged AS (
-    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
-    SELECT id, {now}, 'sending', 'unknown', 'ledger', $4 FROM expired),
-picked AS MATERIALIZED (
-    SELECT id FROM operations
-    WHERE state IN {claimable} AND (not_before IS NULL OR not_before <= {now}) AND NOT EXISTS (
-        SELECT 1 FROM unnest(operations.recipient_keys) AS r (recipient), LATERAL (
-            SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN (operations.channel, 'all')
-            LIMIT 1) AS opted_out)
-    ORDER BY created_at, seq LIMIT $3
-    FOR UPDATE SKIP LOCKED),
-claimed AS (
-    UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = $1,
-        lease_expires_at = {now} + $2::float8 * interval '1 second', updated_at = {now},
-        first_sent_at = COALESCE(first_sent_at, {now})
-    FROM picked WHERE operations.id = picked.id
-    RETURNING operations.*),
-logged AS (
-    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
-    SELECT id, {now}, 'ready', 'sending', $1, 'claimed; forwarding' FROM claimed)
-SELECT {columns} FROM claimed ORDER BY created_at, seq
+-- Expire the leases that ran out, and claim the oldest `ready` operations whose recipients did not opt out and are
+-- not held: see claims.sql. $1 owner, $2 lease seconds, $3 how many, $4 the expiry's reason, $5 hold leads.
+SELECT {columns} FROM hg_claim_ready($1, $2::float8, $3, $4, NULL, NULL, $5)
 
 -- name: claim_ready_in_batch
-WITH expiring AS MATERIALIZED (
-    SELECT id FROM operations WHERE state IN {expiring} AND lease_expires_at <= {now} FOR UPDATE SKIP LOCKED),
-expired AS (
-    UPDATE operations SET state = 'unknown', updated_at = {now}, next_check_at = {now}
-    FROM expiring WHERE operations.id = expiring.id
-    RETURNING operations.id),
-expired_logged AS (
-    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
-    SELECT id, {now}, 'sending', 'unknown', 'ledger', $4 FROM expired),
-picked AS MATERIALIZED (
-    SELECT id FROM operations
-    WHERE state IN {claimable} AND batch_id = $5 AND (not_before IS NULL OR not_before <= {now}) AND NOT EXISTS (
-        SELECT 1 FROM unnest(operations.recipient_keys) AS r (recipient), LATERAL (
-            SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN (operations.channel, 'all')
-            LIMIT 1) AS opted_out)
-    ORDER BY created_at, seq LIMIT $3
-    FOR UPDATE SKIP LOCKED),
-claimed AS (
-    UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = $1,
-        lease_expires_at = {now} + $2::float8 * interval '1 second', updated_at = {now},
-        first_sent_at = COALESCE(first_sent_at, {now})
-    FROM picked WHERE operations.id = picked.id
-    RETURNING operations.*),
-logged AS (
-    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
-    SELECT id, {now}, 'ready', 'sending', $1, 'claimed; forwarding' FROM claimed)
-SELECT {columns} FROM claimed ORDER BY created_at, seq
+-- As claim_ready_any, in batch $6.
+SELECT {columns} FROM hg_claim_ready($1, $2::float8, $3, $4, $6, NULL, $5)
 
 -- name: record_outcome
 -- Fenced on the lease owner ($10); the event names the state the row was in. One row: `before_state` NULL when
--- there is no such operation, the other columns NULL when it is not ours to record.
+-- there is no such operation, the other columns NULL when it is not ours to record. An accepted answer whose
+-- message id ($2) another operation holds goes to review instead, its reason $13 naming that one ({holder}).
 WITH before AS MATERIALIZED (
     SELECT id, state FROM operations WHERE id = $9 FOR UPDATE),
+holder AS MATERIALIZED (
+    SELECT id FROM operations WHERE $1 = 'accepted' AND provider_id = $2::text AND id <> $9 LIMIT 1),
+taken AS (
+    SELECT holder.id AS holder_id, replace($13, '{holder}', holder.id) AS reason FROM (SELECT 1) AS one
+    LEFT JOIN holder ON true),
 recorded AS (
-    UPDATE operations SET state = $1, provider_id = COALESCE($2, provider_id),
-        result = COALESCE($3::json, result), last_error = COALESCE($4, last_error), review_reason = $5,
+    UPDATE operations SET state = CASE WHEN taken.holder_id IS NULL THEN $1 ELSE 'needs_review' END,
+        provider_id = CASE WHEN taken.holder_id IS NULL THEN COALESCE($2, provider_id) ELSE provider_id END,
+        result = COALESCE($3::json, result), last_error = COALESCE($4, last_error),
+        review_reason = COALESCE(taken.reason, $5),
         attempts = operations.attempts - $6,
         not_before = {now} + $7::float8 * interval '1 second',
         next_check_at = {now} + $8::float8 * interval '1 second',
         lease_expires_at = NULL, updated_at = {now}
-    FROM before
+    FROM before, taken
     WHERE operations.id = $9 AND before.id = $9 AND operations.lease_owner = $10
       AND operations.state IN {recordable}
-    RETURNING operations.*, before.state AS from_state),
+    RETURNING operations.*, before.state AS from_state, taken.reason AS taken_reason),
 logged AS (
     INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
-    SELECT id, {now}, from_state, $1, $11, $12 FROM recorded)
+    SELECT id, {now}, from_state, state, $11, COALESCE(taken_reason, $12) FROM recorded)
 SELECT before.state AS before_state, {recorded_columns}
 FROM before LEFT JOIN recorded ON true
 

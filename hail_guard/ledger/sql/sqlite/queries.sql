@@ -43,14 +43,15 @@ SELECT operation_id, at, from_state, to_state, actor, reason FROM events WHERE o
 INSERT INTO events (operation_id, at, from_state, to_state, actor, reason) VALUES (?1, {now}, ?2, ?3, ?4, ?5)
 
 -- name: insert_operation
--- ?1 id, ?2-?14 the intent (`core.intent_values`), ?15 state.
+-- ?1 id, ?2-?15 the intent (`core.intent_values`), ?16 state.
 INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request, request_fingerprint,
-    content_fingerprint, sender, campaign_id, lead_id, message_id, batch_id, state, created_at, updated_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, {now}, {now})
+    content_fingerprint, sender, campaign_id, lead_id, message_id, batch_id, lead, state, created_at, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, {now}, {now})
 
 -- name: insert_operation_recipients
+-- One row per recipient key (the mailbox: `recipients.key_of`): what every rule about the same send compares.
 INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
-SELECT o.id, r.value, o.content_fingerprint FROM operations o, json_each(o.recipients) r WHERE o.id = ?1
+SELECT o.id, r.value, o.content_fingerprint FROM operations o, json_each(o.recipient_keys) r WHERE o.id = ?1
 
 -- name: resolve_review
 -- ?1 state, ?2 provider id, ?3 cancel reason, ?4 last error, ?5 id, ?6 may have left.
@@ -103,6 +104,22 @@ SELECT state, COUNT(*) AS count FROM operations WHERE batch_id = ?1 GROUP BY sta
 
 -- name: batch_unresolved
 SELECT {columns} FROM operations WHERE batch_id = ?1 AND state IN {unresolved} ORDER BY created_at, rowid LIMIT 100
+
+-- name: batch_held
+-- The batch's `ready` sends held by an unresolved send (same_send.HOLDING) to one of their recipient keys on their
+-- channel, or (?2) to their lead: what holds each (`held_by`). Walked from the unresolved sends, which are few.
+SELECT * FROM (
+    SELECT {o_columns}, o.rowid AS position, h.id AS held_by
+    FROM operations h INDEXED BY operations_by_state_created
+    JOIN operation_recipients hr ON hr.operation_id = h.id
+    JOIN operation_recipients r ON r.recipient = hr.recipient
+    JOIN operations o ON o.id = r.operation_id
+    WHERE h.state IN {holding} AND o.batch_id = ?1 AND o.state = {claimable_state} AND o.channel = h.channel
+    UNION ALL
+    SELECT {o_columns}, o.rowid AS position, h.id AS held_by
+    FROM operations h INDEXED BY operations_by_state_created JOIN operations o ON o.lead = h.lead
+    WHERE ?2 AND h.state IN {holding} AND o.batch_id = ?1 AND o.state = {claimable_state} AND o.id != h.id)
+ORDER BY created_at, position LIMIT 100
 
 -- name: list_batches
 -- ?1 how many, ?2 after this batch (paging).
@@ -195,40 +212,75 @@ RETURNING id
 -- Whether any of these opt-out keys (a JSON list) opted out of channel ?2, or of all.
 SELECT 1 FROM suppressions WHERE recipient IN (SELECT value FROM json_each(?1)) AND channel IN (?2, 'all') LIMIT 1
 
+-- name: operation_by_keys
+-- The operation under key ?1, else under the key an earlier version derived for the same send (?2, or NULL).
+SELECT {columns} FROM operations WHERE idempotency_key IN (?1, ?2) ORDER BY idempotency_key = ?1 DESC LIMIT 1
+
 -- name: matches
--- Operations that block a new send (policy.blocks): the same message (?1) to one of its recipients (?2, a JSON
--- list), under another key (?3), of the same tool (?4), in a blocking state (?5, a JSON list, or closed by an
--- operator after it may have left when ?6), within the window (?7 seconds), whose senders agree with ?8.
+-- The same message (?1) to one of its recipient keys (?2, a JSON list), under another key (?3), of the same tool
+-- (?4), whose senders agree with ?9, in a state that blocks it (same_send.Rules.match_states): one of ?5 at any
+-- age, or one of ?6 (or closed by an operator after it may have left, when ?7) first sent within ?8 seconds.
 SELECT {o_columns} FROM operation_recipients r JOIN operations o ON o.id = r.operation_id
 WHERE r.content_fingerprint = ?1 AND r.recipient IN (SELECT value FROM json_each(?2))
   AND o.idempotency_key != ?3 AND o.tool = ?4
-  AND (o.state IN (SELECT value FROM json_each(?5)) OR (?6 AND o.may_have_left))
-  AND o.created_at >= {now} - ?7
+  AND (o.state IN (SELECT value FROM json_each(?5))
+       OR ((o.state IN (SELECT value FROM json_each(?6)) OR (?7 AND o.may_have_left))
+           AND COALESCE(o.first_sent_at, o.created_at) >= {now} - ?8))
   AND NOT EXISTS (
-    SELECT 1 FROM json_each(o.sender) a, json_each(?8) b WHERE a.key = b.key AND a.value IS NOT b.value)
+    SELECT 1 FROM json_each(o.sender) a, json_each(?9) b WHERE a.key = b.key AND a.value IS NOT b.value)
 GROUP BY o.id ORDER BY o.created_at DESC, o.rowid DESC LIMIT 20
 
+-- name: holds
+-- Unresolved sends (same_send.HOLDING) to one of these recipient keys (?1, a JSON list) on channel ?2, or to the
+-- lead ?3 on any channel (NULL: leads are not held), oldest first.
+SELECT * FROM (
+    SELECT {o_columns}, o.rowid AS position FROM operation_recipients r JOIN operations o ON o.id = r.operation_id
+    WHERE r.recipient IN (SELECT value FROM json_each(?1)) AND o.channel = ?2 AND o.state IN {holding}
+    UNION
+    SELECT {o_columns}, o.rowid AS position FROM operations o WHERE o.lead = ?3 AND o.state IN {holding})
+ORDER BY created_at, position LIMIT 5
+
+-- name: near
+-- Other messages (not ?3) that one of these recipient keys (?1) has on channel ?2 under another key (?5), counted
+-- as sent: waiting (same_send.WAITING) at any age, or settled (same_send.SETTLED_LIVE, or closed by an operator
+-- after it may have left) first sent within ?4 seconds; newest first, compared by similarity.
+SELECT {o_columns} FROM operations o
+WHERE o.id IN (SELECT operation_id FROM operation_recipients WHERE recipient IN (SELECT value FROM json_each(?1)))
+  AND o.channel = ?2 AND o.content_fingerprint != ?3 AND o.idempotency_key != ?5
+  AND (o.state IN {waiting}
+       OR ((o.state IN {settled_live} OR o.may_have_left) AND COALESCE(o.first_sent_at, o.created_at) >= {now} - ?4))
+ORDER BY o.created_at DESC, o.rowid DESC LIMIT 20
+
 -- name: insert_sending
--- ?1 id, ?2-?14 the intent, ?15 owner, ?16 lease seconds.
+-- ?1 id, ?2-?15 the intent, ?16 owner, ?17 lease seconds.
 INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request, request_fingerprint,
-    content_fingerprint, sender, campaign_id, lead_id, message_id, batch_id, state, attempts, lease_owner,
+    content_fingerprint, sender, campaign_id, lead_id, message_id, batch_id, lead, state, attempts, lease_owner,
     lease_expires_at, created_at, updated_at, first_sent_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 'sending', 1, ?15, {now} + ?16, {now}, {now},
-    {now})
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 'sending', 1, ?16, {now} + ?17, {now},
+    {now}, {now})
 RETURNING {columns}
 
 -- name: claim_ready_by_id
+-- ?1 owner, ?2 lease seconds, ?3 the operation, ?4 whether a lead's unresolved send holds it.
 UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = ?1, lease_expires_at = {now} + ?2,
     updated_at = {now}, first_sent_at = COALESCE(first_sent_at, {now})
 WHERE id = ?3 AND state IN {claimable} AND COALESCE(not_before, 0) <= {now} AND NOT EXISTS (
     SELECT 1 FROM suppressions s, json_each(operations.recipient_keys) r
     WHERE s.recipient = r.value AND s.channel IN (operations.channel, 'all'))
+      AND NOT EXISTS (  -- held: a recipient key has an unresolved send on the channel (same_send.HOLDING)
+        SELECT 1 FROM operation_recipients mine
+        JOIN operation_recipients theirs ON theirs.recipient = mine.recipient
+        JOIN operations h ON h.id = theirs.operation_id
+        WHERE mine.operation_id = operations.id AND h.id != operations.id AND h.channel = operations.channel
+          AND h.state IN {holding})
+      AND NOT (?4 AND operations.lead IS NOT NULL AND EXISTS (  -- held: the lead has an unresolved send
+        SELECT 1 FROM operations h WHERE h.lead = operations.lead AND h.id != operations.id AND h.state IN {holding}))
 RETURNING {columns}
 
 -- name: claim_ready_any
 -- Walk the ready rows oldest first and stop at the first that may go. Without INDEXED BY, SQLite (no ANALYZE
 -- statistics) picks operations_by_state, checks every ready row for opt-outs and sorts them all, so a drain of
--- N sends cost O(N^2) (seen by `python -m bench --only drain`).
+-- N sends cost O(N^2) (seen by `python -m bench --only drain`). ?4: whether a lead's unresolved send holds a send.
 UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = ?1, lease_expires_at = {now} + ?2,
     updated_at = {now}, first_sent_at = COALESCE(first_sent_at, {now})
 WHERE id IN (
@@ -236,6 +288,14 @@ WHERE id IN (
     WHERE state = {claimable_state} AND COALESCE(not_before, 0) <= {now} AND NOT EXISTS (
         SELECT 1 FROM suppressions s, json_each(operations.recipient_keys) r
         WHERE s.recipient = r.value AND s.channel IN (operations.channel, 'all'))
+      AND NOT EXISTS (  -- held: a recipient key has an unresolved send on the channel (same_send.HOLDING)
+        SELECT 1 FROM operation_recipients mine
+        JOIN operation_recipients theirs ON theirs.recipient = mine.recipient
+        JOIN operations h ON h.id = theirs.operation_id
+        WHERE mine.operation_id = operations.id AND h.id != operations.id AND h.channel = operations.channel
+          AND h.state IN {holding})
+      AND NOT (?4 AND operations.lead IS NOT NULL AND EXISTS (  -- held: the lead has an unresolved send
+        SELECT 1 FROM operations h WHERE h.lead = operations.lead AND h.id != operations.id AND h.state IN {holding}))
     ORDER BY created_at, rowid LIMIT ?3)
 RETURNING {columns}
 
@@ -244,11 +304,23 @@ UPDATE operations SET state = 'sending', attempts = attempts + 1, lease_owner = 
     updated_at = {now}, first_sent_at = COALESCE(first_sent_at, {now})
 WHERE id IN (
     SELECT id FROM operations INDEXED BY operations_ready_by_batch
-    WHERE state = {claimable_state} AND batch_id = ?4 AND COALESCE(not_before, 0) <= {now} AND NOT EXISTS (
+    WHERE state = {claimable_state} AND batch_id = ?5 AND COALESCE(not_before, 0) <= {now} AND NOT EXISTS (
         SELECT 1 FROM suppressions s, json_each(operations.recipient_keys) r
         WHERE s.recipient = r.value AND s.channel IN (operations.channel, 'all'))
+      AND NOT EXISTS (  -- held: a recipient key has an unresolved send on the channel (same_send.HOLDING)
+        SELECT 1 FROM operation_recipients mine
+        JOIN operation_recipients theirs ON theirs.recipient = mine.recipient
+        JOIN operations h ON h.id = theirs.operation_id
+        WHERE mine.operation_id = operations.id AND h.id != operations.id AND h.channel = operations.channel
+          AND h.state IN {holding})
+      AND NOT (?4 AND operations.lead IS NOT NULL AND EXISTS (  -- held: the lead has an unresolved send
+        SELECT 1 FROM operations h WHERE h.lead = operations.lead AND h.id != operations.id AND h.state IN {holding}))
     ORDER BY batch_id, created_at, rowid LIMIT ?3)
 RETURNING {columns}
+
+-- name: provider_id_holder
+-- Another operation (not ?2) that holds the upstream's message id ?1.
+SELECT id FROM operations WHERE provider_id = ?1 AND id != ?2 LIMIT 1
 
 -- name: record_outcome
 -- Fenced on the lease owner (?10). ?6 counts the claim's attempt back when none was made.
@@ -295,10 +367,10 @@ CREATE TEMPORARY TABLE IF NOT EXISTS hg_plan_stage (
     position INTEGER PRIMARY KEY, id TEXT NOT NULL, idempotency_key TEXT NOT NULL, tool TEXT NOT NULL,
     channel TEXT NOT NULL, recipients TEXT NOT NULL, recipient_keys TEXT NOT NULL, request TEXT NOT NULL,
     request_fingerprint TEXT NOT NULL, content_fingerprint TEXT NOT NULL, sender TEXT NOT NULL, campaign_id TEXT,
-    lead_id TEXT, message_id TEXT, allow_duplicate INTEGER NOT NULL)
+    lead_id TEXT, message_id TEXT, lead TEXT, allow_duplicate INTEGER NOT NULL)
 
 -- name: stage_send
-INSERT INTO hg_plan_stage VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
+INSERT INTO hg_plan_stage VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
 
 -- name: drop_stage
 DROP TABLE IF EXISTS temp.hg_plan_stage
@@ -309,33 +381,35 @@ FROM hg_plan_stage p JOIN operations o ON o.idempotency_key = p.idempotency_key
 ORDER BY p.position LIMIT 10
 
 -- name: staged_repeat
--- The first staged send whose message a live operation under another key already has for one of its recipients
--- (?1 the window, ?2 for sends that allow a duplicate or not, ?3 the blocking states, ?4 closes block).
-SELECT p.position FROM hg_plan_stage p, json_each(p.recipients) pr
+-- The first staged send whose message an operation under another key already has for one of its recipient keys,
+-- in a state that blocks it (core.match_args: ?1 the window, ?2 for sends that allow a duplicate or not, ?3 the
+-- states compared at any age, ?4 those compared within the window, ?5 whether closes count).
+SELECT p.position FROM hg_plan_stage p, json_each(p.recipient_keys) pr
 JOIN operation_recipients r ON r.content_fingerprint = p.content_fingerprint AND r.recipient = pr.value
 JOIN operations o ON o.id = r.operation_id
 WHERE p.allow_duplicate = ?2 AND o.idempotency_key != p.idempotency_key AND o.tool = p.tool
-  AND (o.state IN (SELECT value FROM json_each(?3)) OR (?4 AND o.may_have_left))
-  AND o.created_at >= {now} - ?1
+  AND (o.state IN (SELECT value FROM json_each(?3))
+       OR ((o.state IN (SELECT value FROM json_each(?4)) OR (?5 AND o.may_have_left))
+           AND COALESCE(o.first_sent_at, o.created_at) >= {now} - ?1))
   AND NOT EXISTS (
     SELECT 1 FROM json_each(o.sender) a, json_each(p.sender) b WHERE a.key = b.key AND a.value IS NOT b.value)
 ORDER BY p.position LIMIT 1
 
 -- name: staged_intent
 SELECT idempotency_key, tool, channel, recipients, request, request_fingerprint, content_fingerprint, sender,
-    campaign_id, lead_id, message_id, allow_duplicate
+    campaign_id, lead_id, message_id, lead, allow_duplicate
 FROM hg_plan_stage WHERE position = ?1
 
 -- name: plan_staged
 INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request, request_fingerprint,
-    content_fingerprint, sender, campaign_id, lead_id, message_id, batch_id, state, created_at, updated_at)
+    content_fingerprint, sender, campaign_id, lead_id, message_id, lead, batch_id, state, created_at, updated_at)
 SELECT id, idempotency_key, tool, channel, recipients, recipient_keys, request, request_fingerprint,
-    content_fingerprint, sender, campaign_id, lead_id, message_id, ?1, ?2, {now}, {now}
+    content_fingerprint, sender, campaign_id, lead_id, message_id, lead, ?1, ?2, {now}, {now}
 FROM hg_plan_stage ORDER BY position
 
 -- name: plan_staged_recipients
 INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
-SELECT p.id, r.value, p.content_fingerprint FROM hg_plan_stage p, json_each(p.recipients) r
+SELECT p.id, r.value, p.content_fingerprint FROM hg_plan_stage p, json_each(p.recipient_keys) r
 
 -- name: plan_staged_events
 INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
