@@ -146,7 +146,7 @@ async def test_serve_started_elsewhere_makes_its_relative_ledger_beside_its_conf
             assert "send_email" in {tool.name for tool in (await agent.list_tools()).tools}
     logged = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines() if line.startswith("{")]
     events = {entry["event"]: entry for entry in logged}
-    assert events["ledger_in_use"]["ledger"] == str(folder / "ledger.db")
+    assert events["proxy_ready"]["ledger"] == str(folder / "ledger.db")
     assert events["ledger_created"]["ledger"] == str(folder / "ledger.db")
     assert (folder / "ledger.db").stat().st_size > 0
     assert list(elsewhere.iterdir()) == []

@@ -7,7 +7,6 @@ from datetime import datetime
 from typing import Any
 
 import anyio
-import structlog
 from rich.text import Text
 
 from hail_guard import app, policy
@@ -23,8 +22,6 @@ from hail_guard.models import State
 from hail_guard.upstream import UpstreamTarget
 from hail_guard.urls import display_url
 from hail_guard.views import operation_view
-
-log = structlog.get_logger(__name__)
 
 
 def add_commands(commands: Commands) -> None:
@@ -54,7 +51,6 @@ def add_commands(commands: Commands) -> None:
 
 
 async def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    log.info("ledger_in_use", ledger=ledger_shown(settings.ledger.url))  # absolute: see config.absolute_ledger_url
     if args.transport == "stdio":
         await app.serve_stdio(settings)
     else:
