@@ -1,8 +1,9 @@
 """What both ledger backends do alike, written once over their named statements.
 
 `LedgerCore` is the half of the `Ledger` protocol that is the same on SQLite and PostgreSQL: reads,
-opt-outs, batches' approval and status, delivery and webhooks, the review queue, pruning and tool
-pins. Each runs as one `Tx` of the backend (`_read`, `_write`), calling statements by name
+opt-outs, batches' approval and status, delivery and webhooks (one that comes before its message's id
+is kept until the id is recorded: `apply_parked`), the review queue, pruning and tool pins. Each runs
+as one `Tx` of the backend (`_read`, `_write`), calling statements by name
 (`hail_guard.ledger.sql`): a statement of one name takes the same parameters on both dialects, and
 rows come back as mappings that `operation_of` and pydantic read alike (SQLite's epoch floats are
 UTC datetimes to pydantic, its JSON is text as PostgreSQL's is). A backend adds the send path
@@ -455,7 +456,8 @@ async def apply_parked(tx: Tx, operation: Operation) -> bool:
     if operation.provider_id is None:
         return False
     parked = await tx.rows("parked_webhooks", operation.provider_id, PARKED_WEBHOOK_SECONDS)
-    await run_writes(tx, parked_writes(operation, parked) if parked else [])
+    if parked:
+        await run_writes(tx, parked_writes(operation, parked))
     return bool(parked)
 
 
