@@ -82,12 +82,15 @@ async def ledger_only(url: str, sends: int, concurrency: int) -> float:
 
 
 async def _drain(ledger: Ledger, batch: str) -> None:
-    accepted = Outcome(state=State.ACCEPTED, reason="ok", provider_id="p", result={"id": "p", "status": "sent"})
     while True:
         owner = claim_token()
         claimed = await ledger.claim_ready(owner=owner, lease_seconds=60, batch_id=batch, limit=1)
         if not claimed:
             return
+        provider_id = f"p-{claimed[0].id}"  # each message has its own id, as Hail gives them
+        accepted = Outcome(
+            state=State.ACCEPTED, reason="ok", provider_id=provider_id, result={"id": provider_id, "status": "sent"}
+        )
         await ledger.record_outcome(claimed[0].id, owner=owner, outcome=accepted, actor=owner)
 
 

@@ -24,6 +24,7 @@ from hail_guard.profiles import Profile
 from hail_guard.server import Proxy, build_server
 from hail_guard.tracker import Tracker, TrackerSettings
 from hail_guard.upstream import UpstreamTarget, connect_upstream
+from hail_guard.urls import display_url
 
 if TYPE_CHECKING:
     from hail_guard.metrics import Metrics  # only HTTP serving counts: prometheus_client stays out of stdio
@@ -135,7 +136,11 @@ async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> A
         )
         await proxy.refresh_tools()
         log.info(
-            "proxy_ready", profile=proxy.settings.profile.name, tools=len(proxy.tools), guarded=sorted(proxy.guarded)
+            "proxy_ready",
+            ledger=display_url(settings.ledger.url),  # absolute (`config.absolute_ledger_url`), no password
+            profile=proxy.settings.profile.name,
+            tools=len(proxy.tools),
+            guarded=sorted(proxy.guarded),
         )
         yield proxy
 

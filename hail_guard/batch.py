@@ -10,15 +10,18 @@ Dispatch reconciles the batch's `unknown` operations first, then claims `ready` 
 concurrency; it can be run again at any time and never resends an accepted operation. A send whose
 recipient (or lead) has an unresolved send is held when it would be claimed: it stays `ready` while the
 rest goes on, and goes once what holds it is settled. A worker is the same loop, run until stopped, over
-every batch or one.
+every batch or one. While either sends, it keeps a heartbeat in the ledger (`heartbeat`), so the console
+and `status` say who is sending, and when nobody is.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +31,9 @@ import structlog
 
 from hail_guard import same_send
 from hail_guard.crashpoints import crash_point
-from hail_guard.errors import BadInput, RefusedByPolicy, UpstreamUnavailable
-from hail_guard.guard import Guard, claim_token
+from hail_guard.errors import BadInput, HailGuardError, RefusedByPolicy, UpstreamUnavailable
+from hail_guard.guard import PROCESS_ID, Guard, claim_token
+from hail_guard.ledger import Heartbeat, Ledger
 from hail_guard.models import BatchStatus, Intent, State
 
 log = structlog.get_logger(__name__)
@@ -39,6 +43,10 @@ Progress = Callable[[int, int | None], Awaitable[None]]
 SchemaOf = Callable[[str], Mapping[str, Any] | None]
 IDLE_POLL_SECONDS = 1.0
 """How long an idle worker waits before looking for new work."""
+HEARTBEAT_SECONDS = 10.0
+"""How often a sender tells the ledger it is at work; one silent for `STALE_SECONDS` may have died."""
+STALE_SECONDS = 3 * HEARTBEAT_SECONDS
+_OWNER = re.compile(r"^(?P<host>.+):(?P<pid>\d+)(?::[0-9a-f]{12})?$")
 
 
 @dataclass(frozen=True)
@@ -92,19 +100,20 @@ class Batches:
     async def run(self, batch_id: str, *, concurrency: int = 4, progress: Progress | None = None) -> BatchStatus:
         """Settle the batch's unknowns, then send what is ready; safe to run again at any time."""
         before = await self.status(batch_id)  # NotFound for a batch that does not exist
-        reconciled = await self.guard.reconcile(batch_id=batch_id)
-        if reconciled:
-            log.info("batch_reconciled", batch_id=batch_id, operations=len(reconciled))
-        total = before.counts.get(State.READY, 0)
-        done = 0
+        async with heartbeat(self.guard.ledger, "batch run", batch_id):
+            reconciled = await self.guard.reconcile(batch_id=batch_id)
+            if reconciled:
+                log.info("batch_reconciled", batch_id=batch_id, operations=len(reconciled))
+            total = before.counts.get(State.READY, 0)
+            done = 0
 
-        async def on_sent() -> None:
-            nonlocal done
-            done += 1
-            if progress is not None:
-                await progress(done, total)
+            async def on_sent() -> None:
+                nonlocal done
+                done += 1
+                if progress is not None:
+                    await progress(done, total)
 
-        await drain(self.guard, concurrency=concurrency, batch_id=batch_id, on_sent=on_sent)
+            await drain(self.guard, concurrency=concurrency, batch_id=batch_id, on_sent=on_sent)
         return await self.status(batch_id)
 
     async def status(self, batch_id: str) -> BatchStatus:
@@ -160,18 +169,64 @@ async def run_worker(
 ) -> int:
     """Until `stop` is set: reconcile what is due, send what is ready, then wait for more."""
     total = 0
-    while not stop.is_set():
-        try:
-            await guard.reconcile(batch_id=batch_id)
-        except UpstreamUnavailable as exc:  # nothing to replay into: the unknowns wait, their attempts unspent
-            log.warning("reconcile_skipped", error=str(exc))
-        sent = await drain(guard, concurrency=concurrency, batch_id=batch_id, stop=stop)
-        total += sent
-        if sent == 0:
-            with anyio.move_on_after(poll_seconds):
-                await stop.wait()
+    async with heartbeat(guard.ledger, "worker", batch_id):
+        while not stop.is_set():
+            try:
+                await guard.reconcile(batch_id=batch_id)
+            except UpstreamUnavailable as exc:  # nothing to replay into: the unknowns wait, their attempts unspent
+                log.warning("reconcile_skipped", error=str(exc))
+            sent = await drain(guard, concurrency=concurrency, batch_id=batch_id, stop=stop)
+            total += sent
+            if sent == 0:
+                with anyio.move_on_after(poll_seconds):
+                    await stop.wait()
     log.info("worker_stopped", sent=total)
     return total
+
+
+@asynccontextmanager
+async def heartbeat(
+    ledger: Ledger, role: str, batch_id: str | None = None, *, every_seconds: float = HEARTBEAT_SECONDS
+) -> AsyncIterator[Heartbeat]:
+    """While the block runs, the ledger knows this process sends (`Ledger.heartbeats`): a beat first, then every
+    `every_seconds`; taken away when the block ends (bounded in time). A beat the ledger refuses is logged, never
+    raised: the sends go on, and a missed beat only makes this sender look stale."""
+    beat = Heartbeat(id=uuid.uuid4().hex, who=PROCESS_ID, role=role, batch_id=batch_id)
+    await _beat(ledger.record_heartbeat, beat)
+    raised: BaseException | None = None
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_beating, ledger, beat, every_seconds)
+            try:
+                yield beat
+            except BaseException as exc:  # the block's own error: let out as raised, not in the group's
+                raised = exc
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(HEARTBEAT_SECONDS):
+            await _beat(lambda done: ledger.end_heartbeat(done.id), beat)
+    if raised is not None:
+        raise raised
+
+
+async def _beating(ledger: Ledger, beat: Heartbeat, every_seconds: float) -> None:
+    while True:
+        await anyio.sleep(every_seconds)
+        await _beat(ledger.record_heartbeat, beat)
+
+
+async def _beat(write: Callable[[Heartbeat], Awaitable[None]], beat: Heartbeat) -> None:
+    try:
+        await write(beat)
+    except HailGuardError as exc:
+        log.warning("heartbeat_not_recorded", role=beat.role, error=str(exc))
+
+
+def sender_name(who: str) -> str:
+    """A process as `Heartbeat.who` and claims (`guard.claim_token`) name it, `host:pid[:fence]`, as a person reads
+    it: `host, process pid` (a claim's fence left out); anything else (an operator's name) as it is."""
+    found = _OWNER.match(who)
+    return f"{found['host']}, process {found['pid']}" if found else who
 
 
 class _Repeats:

@@ -2,6 +2,9 @@
 
 The file comes from `--config` or `HAIL_GUARD_CONFIG`; without one every setting has a default:
 the in-process sandbox as upstream (nothing real is sent) and a ledger in the per-user data folder.
+A relative SQLite ledger path (`ledger.db`, `sqlite:///ledger.db`) is taken from the folder of the
+config file that names it, else (from a variable) from the working folder, and made absolute here:
+a desktop client starts `serve` in a folder of its own choosing.
 Environment overrides are `HAIL_GUARD_<SECTION>_<KEY>` (e.g. `HAIL_GUARD_LEDGER_URL`,
 `HAIL_GUARD_UPSTREAM_URL`, `HAIL_GUARD_UPSTREAM_TIMEOUT_SECONDS`). The upstream token is never stored
 here: `token_env` names the variable that holds it; without one, an HTTP upstream gets the sign-in that
@@ -306,7 +309,19 @@ def load_settings(path: str | None = None, environ: Mapping[str, str] | None = N
     profile = settings.upstream.profile
     if path and ("upstream", "profile") not in variables and _is_relative_file(profile):
         settings.upstream.profile = str(Path(path).parent / profile)  # beside the file that names it
+    base = Path(path).absolute().parent if path and ("ledger", "url") not in variables else None
+    settings.ledger.url = absolute_ledger_url(settings.ledger.url, base)
     return settings
+
+
+def absolute_ledger_url(url: str, base: Path | None) -> str:
+    """A SQLite ledger's path made absolute (`~` expanded; a relative one taken from `base`, else the working
+    folder), in the form it was given (a plain path, or `sqlite:///`); any other URL as it is."""
+    scheme = "sqlite:///" if url.startswith("sqlite:///") else ""
+    path = url.removeprefix(scheme)
+    if "://" in path or path in ("", ":memory:"):
+        return url  # PostgreSQL, or something the ledger refuses with its own words
+    return f"{scheme}{os.path.abspath(os.path.join(base or os.getcwd(), os.path.expanduser(path)))}"
 
 
 def _is_relative_file(profile: str) -> bool:

@@ -160,8 +160,11 @@ class WebhookOutcome(StrEnum):
     """A delivery event of a known operation was recorded."""
     OPTED_OUT = "opted_out"
     """An inbound opt-out word: the sender was suppressed."""
+    PARKED = "parked"
+    """No operation has this provider id yet (a send whose answer was lost): kept, and applied when its id is
+    recorded (an outcome, a reconcile, a review decision)."""
     UNKNOWN_OPERATION = "unknown_operation"
-    """No operation has this provider id: recorded for audit, otherwise ignored."""
+    """No operation has this provider id, and no more can be kept waiting for one: recorded for audit only."""
     IGNORED = "ignored"
     """An event type that carries no delivery state (recorded for audit)."""
     DUPLICATE = "duplicate"

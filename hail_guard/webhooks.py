@@ -17,7 +17,9 @@ The body accepted (Hail's exact payload is not in our documents; extra fields ar
     {"type": "email.bounced", "data": {"id": "<Hail's message id>", "occurred_at": "<ISO 8601>"}}
 
 - `type` one of `delivery.EVENT_TYPES` (`email.delivered`, `sms.undelivered`, `call.no_answer`...):
-  a delivery event for the operation whose provider id is `data.id`;
+  a delivery event for the operation whose provider id is `data.id`. When no operation has that id
+  yet (a send whose answer was lost is `unknown`, its id not known), the event is kept (`parked`) and
+  applied when reconcile, a late answer or an operator's decision records the id;
 - `sms.received` with `data.from` (or `from_number`) and `data.body`: a body that is an opt-out
   word (`delivery.OPT_OUT_WORDS`) suppresses the sender on SMS;
 - anything else is recorded and ignored.

@@ -61,6 +61,11 @@ async def console_client(site: Starlette) -> AsyncIterator[httpx2.AsyncClient]:
         yield client
 
 
+def unbroken(page: str) -> str:
+    """A page with its line-break opportunities (`<wbr>`, after the separators of ids and keys) taken out."""
+    return page.replace("<wbr>", "")
+
+
 def hidden_csrf(page: str) -> str:
     found = re.search(r'name="csrf" value="([^"]+)"', page)
     assert found is not None, "the page has no CSRF field"

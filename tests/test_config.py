@@ -135,3 +135,37 @@ def test_an_unknown_section_and_a_key_like_no_other_are_named_too(tmp_path: Path
 def test_variables_of_other_tools_and_of_unknown_sections_are_left_alone() -> None:
     settings = load_settings(None, environ={"HAIL_GUARD_TOKEN": "t", "HAIL_GUARD_CRASH_AT": "x", "HAIL_GUARD_X_Y": "1"})
     assert settings.model_dump() == Settings().model_dump()
+
+
+@pytest.mark.parametrize(
+    ("given", "made"),
+    [
+        ("ledger.db", "{folder}/ledger.db"),
+        ("data/../ledger.db", "{folder}/ledger.db"),
+        ("sqlite:///ledger.db", "sqlite:///{folder}/ledger.db"),
+        ("sqlite:///data/ledger.db", "sqlite:///{folder}/data/ledger.db"),
+        ("sqlite:////srv/hail/ledger.db", "sqlite:////srv/hail/ledger.db"),
+        ("postgresql://db:5432/hg", "postgresql://db:5432/hg"),
+    ],
+)
+def test_a_relative_ledger_path_is_taken_from_the_config_files_folder_not_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str, made: str
+) -> None:
+    folder, elsewhere = tmp_path / "config", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    (folder / "hail-guard.toml").write_text(f'[ledger]\nurl = "{given}"\n')
+    monkeypatch.chdir(elsewhere)  # a desktop client starts `serve` in a folder of its own choosing
+    assert load_settings("../config/hail-guard.toml", environ={}).ledger.url == made.format(folder=folder)
+
+
+def test_a_relative_ledger_path_in_a_variable_is_taken_from_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "config" / "hail-guard.toml"
+    config.parent.mkdir()
+    config.write_text('[ledger]\nurl = "ignored.db"\n')
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings(str(config), environ={"HAIL_GUARD_LEDGER_URL": "sqlite:///here.db"})
+    assert settings.ledger.url == f"sqlite:///{tmp_path / 'here.db'}"
+    assert load_settings(None, environ={"HAIL_GUARD_LEDGER_URL": "~/l.db"}).ledger.url == str(Path.home() / "l.db")

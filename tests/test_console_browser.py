@@ -240,3 +240,64 @@ async def test_a_post_without_csrf_with_the_agents_token_or_from_another_origin_
                 await browser.click("button")
                 await browser.wait_for_text("Origin is not allowed")
         assert (await harness.ledger.get(op.id)).state is State.NEEDS_REVIEW
+
+
+async def test_a_session_started_on_one_serve_works_on_another_over_one_postgresql_ledger_until_signed_out(
+    tmp_path: Path, browser: Browser, postgres_url: str
+) -> None:
+    """Two `serve` processes behind a load balancer, as two consoles on two ports over one PostgreSQL ledger: the
+    browser signs in on one, decides on the other, and signing out on the first ends it on both."""
+    async with (
+        open_harness(tmp_path / "first", ledger_url=postgres_url) as first,
+        open_harness(tmp_path / "second", ledger_url=postgres_url) as second,
+        served_console(console_site(first)) as one,
+        served_console(console_site(second)) as other,
+    ):
+        op = await in_review(first, to=["ada@example.com"], subject="Your quote")
+        await sign_in(browser, one, name="Ada Operator")
+        await browser.open(f"{other}/console/review")
+        await browser.wait_for_text("signed in as Ada Operator", "header")
+        await browser.fill(f"#op-{op.id} form", state="failed", reason="Hail's console shows it refused")
+        await browser.click(f"#op-{op.id} form button[type=submit]")
+        await browser.wait_for_text("resolved as failed by Ada Operator", ".notice")
+        await browser.screenshot("second-serve")
+        await browser.open(f"{one}/console/")
+        await browser.wait_for_text("signed in as Ada Operator", "header")
+        await browser.click("header form.who button")
+        await browser.wait_for_text("Sign in to the console")
+        for url in (one, other):
+            await browser.open(f"{url}/console/review")
+            await browser.wait_for_text("Sign in to the console")
+        decision = (await second.ledger.events(op.id))[-1]
+        assert (decision.actor, decision.to_state) == ("Ada Operator", State.FAILED)
+
+
+async def test_tables_wrap_keys_and_addresses_at_their_separators_and_never_cut_a_word(
+    tmp_path: Path, browser: Browser
+) -> None:
+    async with open_harness(tmp_path) as harness:
+        for n in range(4):
+            lead = f"lead_{n:09d}_from_the_spring_fair"
+            metadata = {"campaign_id": "campaign_2026_spring_outreach", "lead_id": lead, "message_id": "introduction"}
+            to = [f"first.last+campaign-{n}-followup@very-long-subdomain.example-company.com"]
+            await harness.call("send_email", email(to=to, body_text=f"Hello {n}", metadata=metadata))
+        async with served_console(console_site(harness)) as url:
+            await sign_in(browser, url)
+            await browser.run(lambda: browser.driver.set_window_size(640, 900))
+            try:
+                await browser.open(f"{url}/console/operations")
+                await browser.wait_for_text("campaign_2026_spring_outreach", "table.list")
+                await browser.screenshot("narrow-table")
+                overflow = await browser.script("return document.documentElement.scrollWidth - window.innerWidth")
+                cut = await browser.script(
+                    "return Array.from(document.querySelectorAll('table.list td')).filter(td => {"
+                    "  const word = td.innerText.trim(); if (!word || /\\s/.test(word)) return false;"
+                    "  if (td.querySelector('wbr')) return false;"
+                    "  const range = document.createRange(); range.selectNodeContents(td);"
+                    "  return new Set(Array.from(range.getClientRects()).map(r => Math.round(r.top))).size > 1;"
+                    "}).map(td => td.innerText)"
+                )
+            finally:
+                await browser.run(lambda: browser.driver.set_window_size(1280, 900))
+        assert overflow <= 0
+        assert cut == []

@@ -660,9 +660,9 @@ async def test_a_webhook_applies_once_and_a_replayed_signature_changes_nothing(l
     assert [e.state for e in await ledger.delivery_events(op.id)] == [DeliveryState.DELIVERED]
 
 
-async def test_a_webhook_for_an_unknown_operation_is_recorded_and_ignored(ledger: Ledger) -> None:
+async def test_a_webhook_for_an_id_no_operation_has_is_kept_and_an_unknown_type_ignored(ledger: Ledger) -> None:
     op = await accepted(ledger)
-    assert await ledger.record_webhook(webhook("d1", "email.bounced", "e-404")) is WebhookOutcome.UNKNOWN_OPERATION
+    assert await ledger.record_webhook(webhook("d1", "email.bounced", "e-404")) is WebhookOutcome.PARKED
     assert await ledger.record_webhook(webhook("d1", "email.bounced", "e-404", signature="s2")) is (
         WebhookOutcome.DUPLICATE
     )

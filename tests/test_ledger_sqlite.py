@@ -12,11 +12,12 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 import pytest
+from structlog.testing import capture_logs
 
 from hail_guard.errors import ConfigError, LedgerError, LedgerUnavailable, SchemaTooNew
 from hail_guard.ledger import open_ledger, sqlite_path
-from hail_guard.ledger.sqlite import errors_mapped, migrations
-from hail_guard.ledger.sqlite_file import backup_file, filesystem_type, refuse_network_filesystem
+from hail_guard.ledger.sqlite import migrations
+from hail_guard.ledger.sqlite_file import backup_file, errors_mapped, filesystem_type, refuse_network_filesystem
 from hail_guard.models import Intent, State
 from tests.conftest import subclasses
 from tests.test_ledger_contract import batch_intents, intent
@@ -240,3 +241,53 @@ async def test_a_file_created_at_the_path_while_the_backup_runs_is_never_replace
     assert "appeared while the backup was being written" in str(refused)
     assert copy.read_text() == "someone's file"
     assert not list(tmp_path.glob("*.partial"))
+
+
+async def test_a_new_ledger_is_made_with_a_notice_naming_where_and_only_where_no_file_was(tmp_path: Path) -> None:
+    path = tmp_path / "new" / "ledger.db"
+    with capture_logs() as logs:
+        async with open_ledger(f"sqlite:///{path}"):
+            pass
+        async with open_ledger(f"sqlite:///{path}"):
+            pass
+    [notice] = [entry for entry in logs if entry["event"] == "ledger_created"]
+    assert (notice["log_level"], notice["ledger"]) == ("warning", str(path))
+    assert list(path.parent.iterdir()) == [path]  # the file it was made as is gone
+
+
+async def test_an_empty_file_where_the_ledger_should_be_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    path.write_bytes(b"")
+    with pytest.raises(LedgerUnavailable, match=r"is an empty file \(0 bytes\).*restore the last backup"):
+        async with open_ledger(str(path)):
+            pass
+    assert path.stat().st_size == 0
+
+
+async def test_a_file_that_is_no_database_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    path.write_text("my notes, not a ledger\n" * 400)
+    with pytest.raises(LedgerUnavailable, match=r"is not a hail-guard ledger.*\[ledger\] url"):
+        async with open_ledger(str(path)):
+            pass
+
+
+def damage(path: Path) -> None:
+    """Overwrite part of a page of the operations table, as a failing disk would."""
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page = db.execute("SELECT pageno FROM dbstat WHERE name = 'operations' AND pagetype = 'leaf'").fetchone()[0]
+    with path.open("r+b") as file:
+        file.seek(4096 * (page - 1) + 100)
+        file.write(b"\xff" * 300)
+
+
+async def test_a_damaged_ledger_is_found_by_its_check_and_named_with_what_to_do(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    async with open_ledger(str(path)) as ledger:
+        await ledger.plan_batch(batch_id="B1", name=None, intents=batch_intents(300), state=State.READY, actor="op")
+        await ledger.verify()
+    damage(path)
+    async with open_ledger(str(path)) as ledger:
+        with pytest.raises(LedgerUnavailable, match=r"is damaged \(.*\.recover"):
+            await ledger.verify()

@@ -5,7 +5,8 @@ alone, opt-outs trimmed and lower-cased, content fingerprints over the whole req
 from their stored requests, so the new rules hold for them too: an opt-out in an old spelling stops
 the sends it names, a retry of an old send is recognised by meaning, and every recipient field of an
 old send is checked. SQLite 6 -> 7 and PostgreSQL 8 -> 9: the sends an old ledger holds are counted
-per hour, and the counts follow them on.
+per hour, and the counts follow them on. SQLite 7 -> 8 and PostgreSQL 9 -> 10: webhooks that come before
+their message's id, the console's sign-ins and the heartbeats of senders are kept.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import pytest
 
 from hail_guard import keys, same_send
 from hail_guard.errors import Suppressed
-from hail_guard.ledger import Ledger, open_ledger
+from hail_guard.ledger import Heartbeat, Ledger, open_ledger
 from hail_guard.ledger import postgres as postgres_ledger
 from hail_guard.ledger import sqlite as sqlite_ledger
-from hail_guard.models import DeliveryObservation, DeliveryState, Intent, Outcome, State
+from hail_guard.models import DeliveryObservation, DeliveryState, Intent, Outcome, State, Webhook, WebhookOutcome
 from hail_guard.profiles import hail
 from hail_guard.same_send import Rules
 from tests.postgres import PostgresServer
@@ -283,3 +284,80 @@ async def test_a_postgresql_ledger_of_schema_8_counts_the_sends_it_holds_per_hou
             await db.close()
         async with open_ledger(url) as ledger:
             await _counts_start_from_the_operations_and_follow_them(ledger)
+
+
+async def _kept_beside_the_operations(ledger: Ledger) -> None:
+    """SQLite 7 -> 8, PostgreSQL 9 -> 10: a webhook recorded before the upgrade stays recorded (a retry of it is a
+    duplicate); one that comes before its message's id is now kept and applied when the id is recorded; sign-ins
+    and heartbeats are kept."""
+    retried = Webhook(
+        delivery_id="old-1", signature="sig-again", event_type="email.bounced", provider_id="e-old", payload="{}"
+    )
+    assert await ledger.record_webhook(retried) is WebhookOutcome.DUPLICATE
+    observed = DeliveryObservation(state=DeliveryState.DELIVERED, source="webhook", detail="new-1")
+    early = Webhook(
+        delivery_id="new-1", signature="sig-new", event_type="email.delivered", provider_id="s-9", payload="{}"
+    )
+    assert await ledger.record_webhook(early.model_copy(update={"observation": observed})) is WebhookOutcome.PARKED
+    [unknown] = await ledger.claim_unknown(owner="r", lease_seconds=60)
+    found = Outcome(state=State.ACCEPTED, reason="found", provider_id="s-9", result={"id": "s-9"})
+    recorded = await ledger.record_outcome(unknown.id, owner="r", outcome=found, actor="r")
+    assert recorded.delivery_state is DeliveryState.DELIVERED
+    await ledger.start_session("a-digest", name="Ada", seconds=60)
+    assert (await ledger.find_session("a-digest")) is not None
+    await ledger.record_heartbeat(Heartbeat("b-1", "host:1", "worker"))
+    assert [beat.who for beat in await ledger.heartbeats()] == ["host:1"]
+    assert (await ledger.prune(older_than_seconds=1.0)).webhook_deliveries == 0
+
+
+async def test_a_sqlite_ledger_of_schema_7_keeps_early_webhooks_sign_ins_and_heartbeats(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        for number, sql in sqlite_ledger.migrations():
+            if number <= 7:
+                db.executescript(sql)
+        db.execute("PRAGMA user_version = 7")
+        request = keys.canonical_json(SMS_SEND)
+        db.execute(
+            "INSERT INTO operations (id, idempotency_key, tool, channel, recipients, request, request_fingerprint,"
+            " content_fingerprint, state, created_at, updated_at) VALUES ('u-1', 'old:sms', 'send_sms', 'sms',"
+            " '[\"+14155550190\"]', ?1, 'f', 'f', 'unknown', unixepoch('now'), unixepoch('now'))",
+            (request,),
+        )
+        db.execute(
+            "INSERT INTO webhook_deliveries (delivery_id, signature, event_type, provider_id, outcome, received_at,"
+            " payload) VALUES ('old-1', 'sig-old', 'email.bounced', 'e-old', 'unknown_operation', unixepoch('now'),"
+            " '{}')"
+        )
+    finally:
+        db.close()
+    async with open_ledger(f"sqlite:///{path}") as ledger:
+        await _kept_beside_the_operations(ledger)
+
+
+async def test_a_postgresql_ledger_of_schema_9_keeps_early_webhooks_sign_ins_and_heartbeats(
+    postgres_server: PostgresServer,
+) -> None:
+    import asyncpg
+
+    async with postgres_server.database(migrated=False) as url:
+        await _postgres_at_version(url, 9, legacy=False)
+        db = await asyncpg.connect(url)
+        try:
+            await db.execute(
+                "INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request,"
+                " request_fingerprint, content_fingerprint, state, created_at, updated_at) VALUES ('u-1', 'old:sms',"
+                " 'send_sms', 'sms', '[\"+14155550190\"]', ARRAY['+14155550190'], $1, 'f', 'f', 'unknown', now(),"
+                " now())",
+                keys.canonical_json(SMS_SEND),
+            )
+            await db.execute(
+                "INSERT INTO webhook_deliveries (delivery_id, signature, event_type, provider_id, outcome,"
+                " received_at, payload) VALUES ('old-1', 'sig-old', 'email.bounced', 'e-old', 'unknown_operation',"
+                " now(), '{}')"
+            )
+        finally:
+            await db.close()
+        async with open_ledger(url) as ledger:
+            await _kept_beside_the_operations(ledger)

@@ -68,10 +68,16 @@ class Receiver:
 
 
 @asynccontextmanager
-async def receiving(tmp_path: Path, **http: Any) -> AsyncIterator[Receiver]:
-    """hail-guard's HTTP app on a real uvicorn (a free port), over the in-process sandbox."""
+async def receiving(
+    tmp_path: Path, *faults: str, ledger_url: str | None = None, **http: Any
+) -> AsyncIterator[Receiver]:
+    """hail-guard's HTTP app on a real uvicorn (a free port), over the in-process sandbox (with `faults`)."""
     settings = HttpSettings(token=SecretStr("agent-token"), token_env=TOKEN_ENV, shutdown_grace_seconds=0, **http)
-    async with open_harness(tmp_path) as harness, httpx2.AsyncClient() as client, anyio.create_task_group() as tg:
+    async with (
+        open_harness(tmp_path, *faults, ledger_url=ledger_url) as harness,
+        httpx2.AsyncClient() as client,
+        anyio.create_task_group() as tg,
+    ):
         metrics = Metrics()
         app = build_http_app(harness.proxy, settings, metrics=metrics, hooks=WebhookSettings(secret_env=SECRET_ENV))
         scope = anyio.CancelScope()
@@ -163,15 +169,47 @@ async def test_other_inbound_sms_and_unknown_event_types_are_recorded_and_ignore
         assert await receiver.harness.ledger.list_suppressions() == []
 
 
-async def test_a_webhook_for_an_unknown_operation_is_recorded_and_ignored(tmp_path: Path) -> None:
+async def test_a_webhook_for_an_id_no_operation_has_is_kept_and_changes_no_other_operation(tmp_path: Path) -> None:
     async with receiving(tmp_path) as receiver:
         operation_id, _ = await accepted(receiver, "send_email", email())
         first = await receiver.post("email.bounced", {"id": "not-ours"}, delivery_id="u-1")
         again = await receiver.post("email.bounced", {"id": "not-ours"}, delivery_id="u-1", at=time.time() + 1)
         shown = await receiver.operation(operation_id)
-    assert (first.status_code, first.json()["status"]) == (200, "unknown_operation")
+    assert (first.status_code, first.json()["status"]) == (200, "parked")
     assert (again.status_code, again.json()["status"]) == (200, "duplicate")  # it was recorded
     assert (shown["delivery_state"], shown["delivery_events"]) == (None, [])
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """Each backend in turn: a new SQLite file, a new PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.db'}"
+        return
+    async with request.getfixturevalue("postgres_server").database() as url:
+        yield url
+
+
+async def test_a_webhook_that_comes_before_reconcile_records_its_message_id_is_applied_by_the_reconcile(
+    tmp_path: Path, ledger_url: str
+) -> None:
+    async with receiving(tmp_path, "send_email:1:drop_after_accept", ledger_url=ledger_url) as receiver:
+        view = data(await receiver.harness.call("send_email", email()))["hail_guard"]
+        assert view["state"] == "unknown"  # Hail accepted it; the answer, with its id, was lost
+        hail_id = receiver.harness.sandbox.outbox[-1]["id"]
+        bounced = {"id": hail_id, "occurred_at": "2030-01-01T09:00:05Z"}
+        early = await receiver.post("email.bounced", bounced, delivery_id="early-1")
+        retried = await receiver.post("email.bounced", bounced, delivery_id="early-1", at=time.time() + 1)
+        assert (await receiver.operation(view["operation_id"]))["delivery_state"] is None
+        settled = data(await receiver.harness.call("reconcile", {"operation_id": view["operation_id"]}))
+        shown = await receiver.operation(view["operation_id"])
+    assert (early.status_code, early.json()["status"]) == (200, "parked")
+    assert (retried.status_code, retried.json()["status"]) == (200, "duplicate")
+    assert settled["reconciled"][0]["state"] == "accepted"
+    assert (shown["state"], shown["provider_id"], shown["delivery_state"]) == ("accepted", hail_id, "bounced")
+    [event] = shown["delivery_events"]
+    assert (event["state"], event["source"], event["detail"]) == ("bounced", "webhook", "early-1")
+    assert delivery.parse_time(event["occurred_at"]) == delivery.parse_time("2030-01-01T09:00:05Z")
 
 
 async def test_forged_stale_and_replayed_webhooks_get_401_and_change_nothing(tmp_path: Path) -> None:

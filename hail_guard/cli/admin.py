@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+from datetime import datetime
 from typing import Any
 
 import anyio
 from rich.text import Text
 
 from hail_guard import app, policy
+from hail_guard.batch import STALE_SECONDS, sender_name
 from hail_guard.cli.parsing import Commands, whole_number
 from hail_guard.cli.signin import signin_line, signin_report
 from hail_guard.cli.terminal import TIME_FORMAT, json_text, labelled, say, terminal_text
 from hail_guard.config import Settings
 from hail_guard.errors import ConfigError
+from hail_guard.ledger import Heartbeat
 from hail_guard.ledger import migrate as migrate_ledger
 from hail_guard.models import State
 from hail_guard.upstream import UpstreamTarget
@@ -77,10 +80,12 @@ def upstream_shown(settings: Settings) -> str:
 
 async def _status(args: argparse.Namespace, settings: Settings) -> int:
     async with app.open_ledger_from(settings) as ledger:
+        await ledger.verify()  # a damaged ledger is an error here too, as for every command that reads it
         await ledger.expire_leases()
         counts = await ledger.count_by_state()
         oldest_unknown = await ledger.oldest(State.UNKNOWN)
         pins = await ledger.tool_pins()
+        beats, now = await ledger.heartbeats(), await ledger.now()
     by_state = {state.value: count for state, count in sorted(counts.items())}
     signin = await signin_report(settings)
     warning = settings.upstream.token_warning(signed_in=signin["method"] == "oauth")
@@ -101,6 +106,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
             for pin in pins
         ],
         "signin": signin,
+        "sending": [sender_view(beat, now) for beat in beats],
     }
     if args.json:
         print(json_text(report, indent=2))
@@ -122,7 +128,40 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
         Text(f"; CHANGED since accepted: {', '.join(changed)} (`hail-guard upstream accept`)" if changed else ""),
     )
     say(labelled("sign-in", signin_line(signin)))
+    for line in sending_lines(report["sending"]):
+        say(labelled("sending", line))
     return 0
+
+
+def sender_view(beat: Heartbeat, now: datetime) -> dict[str, Any]:
+    """A heartbeat as `status` shows it: who (host and process), what, since when, how long silent."""
+    silent = (now - beat.seen_at).total_seconds() if beat.seen_at is not None else None
+    return {
+        "who": sender_name(beat.who),
+        "role": beat.role,
+        "batch_id": beat.batch_id,
+        "since": beat.started_at.isoformat() if beat.started_at is not None else None,
+        "silent_seconds": round(silent, 1) if silent is not None else None,
+        "stale": silent is None or silent > STALE_SECONDS,
+    }
+
+
+def sending_lines(senders: list[dict[str, Any]]) -> list[str]:
+    """Who is sending, a line each; said plainly when nobody is."""
+    if not senders:
+        return [
+            "nobody: no worker, `batch run` or serve is sending from this ledger, so ready sends wait "
+            "(`hail-guard worker`, or `hail-guard batch run BATCH`)"
+        ]
+    lines = []
+    for sender in senders:
+        what = f"{sender['role']}, " + (f"batch {sender['batch_id']}" if sender["batch_id"] else "every batch")
+        since = datetime.fromisoformat(sender["since"]).strftime(TIME_FORMAT) if sender["since"] else "-"
+        heard = f"last heard {sender['silent_seconds']:.0f} s ago" if sender["silent_seconds"] is not None else ""
+        lines.append(
+            f"{sender['who']} ({what}) since {since}, {heard}" + (": it may have stopped" if sender["stale"] else "")
+        )
+    return lines
 
 
 async def _migrate(args: argparse.Namespace, settings: Settings) -> int:

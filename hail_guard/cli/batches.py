@@ -20,6 +20,7 @@ from hail_guard.cli.terminal import (
     print_batch,
     print_table,
     progress,
+    say,
     terminal_text,
 )
 from hail_guard.config import Settings
@@ -121,7 +122,23 @@ async def _batch_run(args: argparse.Namespace, settings: Settings) -> int:
 
             status = await proxy.batches.run(args.batch_id, concurrency=args.concurrency, progress=sent)
     print_batch(status, wide=args.wide)
+    for step in unresolved_steps(status):
+        say(("next step", "bold"), ": ", terminal_text(step))
     return 0 if not status.unresolved else 3
+
+
+def unresolved_steps(status: BatchStatus) -> list[str]:
+    """What to do about the sends a run left unresolved (exit 3), a line for each kind."""
+    batch, counts = status.batch_id, status.counts
+    steps = {
+        State.UNKNOWN: f"{{n}} send(s) have no known outcome (Hail may have sent them): `hail-guard reconcile` settles "
+        f"them, or run `hail-guard batch run {batch}` again later (it reconciles first); never send them another way",
+        State.NEEDS_REVIEW: "{n} send(s) need a person to decide: `hail-guard review list`, or the console's review "
+        "queue",
+        State.SENDING: f"{{n}} send(s) are being sent by another process: `hail-guard batch status {batch}` shows "
+        "them settle",
+    }
+    return [text.format(n=counts[state]) for state, text in steps.items() if counts.get(state)]
 
 
 async def _batch_status(args: argparse.Namespace, settings: Settings) -> int:

@@ -20,9 +20,17 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from hail_guard import review
-from hail_guard.console.auth import LOGIN_COOKIE, SESSION_COOKIE, Session, operator_name, same_token
+from hail_guard.console.auth import (
+    LOGIN_COOKIE,
+    NOTICE_COOKIE,
+    SESSION_COOKIE,
+    Session,
+    notices_cookie,
+    operator_name,
+    same_token,
+)
 from hail_guard.console.context import Console, console_of
-from hail_guard.console.pages import signed_in_response
+from hail_guard.console.pages import sign_in_form, signed_in_response
 from hail_guard.errors import HailGuardError
 from hail_guard.models import SUPPRESSION_CHANNELS, State, Suppression
 from hail_guard.recipients import normalise_recipient
@@ -47,9 +55,10 @@ def operator_action(back: str) -> Callable[[Action], Callable[[Request], Awaitab
 
 
 async def _decide(request: Request, action: Action, back: str) -> Response:
-    """Signed in, with the form's CSRF token, or nothing happens; then the action, its refusal noted."""
+    """Signed in, with the form's CSRF token, or nothing happens; then the action, its refusal noted (in a cookie
+    signed for the session: the page that shows it may come from another `serve`)."""
     console = console_of(request)
-    session = console.signed_in(request)
+    session = await console.signed_in(request)
     if session is None:
         return _refused(console, request, 401, "sign in first: nothing was done")
     form = await request.form()
@@ -60,7 +69,12 @@ async def _decide(request: Request, action: Action, back: str) -> Response:
         following = await action(console, session, form, request)
     except HailGuardError as exc:
         session.notice("error", str(exc))
-    return RedirectResponse(following, status_code=303)
+    response = RedirectResponse(following, status_code=303)
+    if session.notices:
+        secure = request.url.scheme == "https"
+        cookie = notices_cookie(session)
+        response.set_cookie(NOTICE_COOKIE, cookie, httponly=True, samesite="strict", secure=secure, path=console.base)
+    return response
 
 
 def _refused(console: Console, request: Request, status: int, message: str) -> Response:
@@ -75,29 +89,34 @@ def _text(form: FormData, name: str) -> str:
 
 
 async def sign_in(request: Request) -> Response:
+    """A sign-in; what is wrong is said on the sign-in form itself, ready for another try."""
     console = console_of(request)
     client = request.client.host if request.client else "unknown"
+    bound = request.cookies.get(LOGIN_COOKIE, "")
     if console.operators.limiter.take(f"sign-in {client}"):
-        return _refused(console, request, 429, "too many sign-in attempts from this address; wait a minute")
+        problem = "too many sign-in attempts from this address: wait a minute"
+        return sign_in_form(console, request, problem, 429, csrf=bound)
     form = await request.form()
-    if not same_token(_text(form, "csrf"), request.cookies.get(LOGIN_COOKIE, "")):
-        return _refused(console, request, 403, "the sign-in form has expired or came from elsewhere; load it again")
+    if not same_token(_text(form, "csrf"), bound):
+        return sign_in_form(console, request, "the sign-in form had expired or came from elsewhere: sign in again", 403)
     name = operator_name(_text(form, "name"))
     if not console.operators.token_accepted(_text(form, "token")):
-        return _refused(console, request, 401, "that is not the operators' token (an agent's token never signs in)")
+        problem = "that is not the operators' token (an agent's token never signs in): try again"
+        return sign_in_form(console, request, problem, 401, csrf=bound)
     if name is None:
-        return _refused(console, request, 400, "give your name (1 to 64 printable characters): decisions carry it")
-    return signed_in_response(console, request, name)
+        problem = "give your name (1 to 64 printable characters): decisions carry it"
+        return sign_in_form(console, request, problem, 400, csrf=bound)
+    return await signed_in_response(console, request, name)
 
 
 async def sign_out(request: Request) -> Response:
+    """Ends the session the cookie names, in the ledger (so on every `serve`), with or without the form's token:
+    signing out only takes access away, and a page of another site never gets here (the Origin check)."""
     console = console_of(request)
-    session = console.signed_in(request)
-    form = await request.form()
-    if session is not None and same_token(_text(form, "csrf"), session.csrf):
-        console.operators.end(request.cookies.get(SESSION_COOKIE))
+    await console.operators.end(request.cookies.get(SESSION_COOKIE))
     response = RedirectResponse(f"{console.base}/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path=console.base)
+    response.delete_cookie(NOTICE_COOKIE, path=console.base)
     return response
 
 

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from hail_guard.config import ConsoleSettings, HttpSettings
 from hail_guard.console import actions, pages
 from hail_guard.console.auth import Operators
-from hail_guard.console.context import MOUNT, Console, age, when
+from hail_guard.console.context import MOUNT, Console, age, breakable, readable_times, when
 from hail_guard.gate import allowed_hosts, browser_refusal
 from hail_guard.server import Proxy
 
@@ -46,7 +46,9 @@ def build_console(proxy: Proxy, settings: ConsoleSettings, http: HttpSettings) -
     )
     templates.filters["when"] = when
     templates.filters["age"] = age
-    operators = Operators(settings, agent_token=http.bearer_token())
+    templates.filters["readable"] = readable_times
+    templates.filters["breakable"] = breakable
+    operators = Operators(settings, proxy.ledger, agent_token=http.bearer_token())
     routes = [
         *pages.ROUTES,
         *actions.ROUTES,

@@ -37,7 +37,7 @@ def operator_page(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
 
     async def page(request: Request) -> Response:
         console = console_of(request)
-        session = console.signed_in(request)
+        session = await console.signed_in(request)
         if session is None:
             return console.to_sign_in()
         try:
@@ -60,13 +60,17 @@ async def sign_in_page(request: Request) -> Response:
     if once is not None:
         name = console.operators.redeem_link(once)
         if name is None:
-            return _sign_in_form(console, request, "this sign-in link was used already or has expired", 401)
-        return signed_in_response(console, request, name)
-    return _sign_in_form(console, request, None, 200)
+            return sign_in_form(console, request, "this sign-in link was used already or has expired", 401)
+        return await signed_in_response(console, request, name)
+    return sign_in_form(console, request, None, 200)
 
 
-def _sign_in_form(console: Console, request: Request, problem: str | None, status: int) -> Response:
-    csrf = secrets.token_urlsafe(32)
+def sign_in_form(
+    console: Console, request: Request, problem: str | None, status: int, *, csrf: str | None = None
+) -> Response:
+    """The sign-in form, with what went wrong the last time, if anything; its CSRF token (bound to this browser by a
+    cookie) is `csrf` when the browser's was good, else a new one."""
+    csrf = csrf or secrets.token_urlsafe(32)
     response = console.render(
         request, "login.html", None, csrf=csrf, problem=problem, has_token=console.operators.token is not None
     )
@@ -75,8 +79,8 @@ def _sign_in_form(console: Console, request: Request, problem: str | None, statu
     return response
 
 
-def signed_in_response(console: Console, request: Request, name: str) -> Response:
-    session_id, _ = console.operators.start(name)
+async def signed_in_response(console: Console, request: Request, name: str) -> Response:
+    session_id, _ = await console.operators.start(name)
     response = RedirectResponse(f"{console.base}/", status_code=303)
     seconds = int(console.operators.session_seconds)
     response.set_cookie(
@@ -170,12 +174,15 @@ async def _campaign(console: Console, request: Request) -> dict[str, Any]:
     await ledger.expire_leases()
     status = await ledger.batch_status(request.path_params["batch_id"])
     live = bool(status.counts.get(State.READY) or status.counts.get(State.SENDING))
+    now = await ledger.now()
     return {
         "status": status,
         "segments": chart.stacked(status.counts),
         "order": [state.value for state in chart.PROGRESS_ORDER],
         "live": live,
         "unsent": status.counts.get(State.PLANNED, 0) + status.counts.get(State.READY, 0),
+        "now": now,
+        "senders": await reads.senders(ledger, now, status.batch_id),
     }
 
 
@@ -272,6 +279,7 @@ async def operation(request: Request, console: Console, session: Session) -> Res
         session,
         op=found,
         view=views.operation_view(found),
+        error=reads.current_error(found),
         summary=reads.summary(found),
         stored=json.dumps(views.request_view(found), indent=2, sort_keys=True, ensure_ascii=False),
         timeline=await reads.timeline(ledger, found),
@@ -300,8 +308,17 @@ async def opt_outs(request: Request, console: Console, session: Session) -> Resp
 
 @operator_page
 async def tools(request: Request, console: Console, session: Session) -> Response:
-    changes = await reads.tool_changes(console.proxy.ledger)
-    return console.render(request, "tools.html", session, changes=changes, connected=console.proxy.upstream.connected)
+    proxy = console.proxy
+    changes = await reads.tool_changes(proxy.ledger)
+    return console.render(
+        request,
+        "tools.html",
+        session,
+        changes=changes,
+        connected=proxy.upstream.connected,
+        profile=proxy.settings.profile.name,
+        guarded=sorted(proxy.guarded),
+    )
 
 
 ROUTES = [

@@ -5,6 +5,8 @@ stored request with its secrets redacted), as `hail-guard ops` and the agent's `
 them. Every list is one page read through an index (`Ledger.search_operations`...).
 Sends per hour over the week come in one read of the counts the ledger keeps as it writes
 (`Ledger.sends_by_hour`): nothing is counted over the operations, and nothing is kept between views.
+Who is sending comes from the heartbeats workers and batch runs keep (`Ledger.heartbeats`); a process
+is shown as its host and pid (`batch.sender_name`), never as a claim's fence.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hail_guard.ledger import Ledger
+from hail_guard.batch import STALE_SECONDS, sender_name
+from hail_guard.ledger import Heartbeat, Ledger
 from hail_guard.models import DeliveryState, Event, HourOfSends, Operation, State, ToolPin
 from hail_guard.server import Proxy
 
@@ -61,6 +64,37 @@ async def week_of_sends(ledger: Ledger, now: datetime) -> tuple[list[tuple[datet
     return week, [found[start] for start in starts[-24:] if start in found]
 
 
+@dataclass(frozen=True)
+class Sender:
+    """A heartbeat as a page shows it."""
+
+    who: str
+    role: str
+    batch_id: str | None
+    since: datetime | None
+    seen: datetime | None
+    stale: bool
+    """Silent for longer than `batch.STALE_SECONDS`: it may have stopped."""
+
+
+def sender(beat: Heartbeat, now: datetime) -> Sender:
+    stale = beat.seen_at is None or (now - beat.seen_at).total_seconds() > STALE_SECONDS
+    return Sender(sender_name(beat.who), beat.role, beat.batch_id, beat.started_at, beat.seen_at, stale)
+
+
+async def senders(ledger: Ledger, now: datetime, batch_id: str | None = None) -> list[Sender]:
+    """Who is sending (from `batch_id`: those sending it, or every batch), live ones first."""
+    beats = [beat for beat in await ledger.heartbeats() if batch_id is None or beat.batch_id in (None, batch_id)]
+    return sorted((sender(beat, now) for beat in beats), key=lambda found: found.stale)
+
+
+def current_error(operation: Operation) -> str | None:
+    """The last error while it still says something: once Hail's acceptance is known (reconcile found it, an
+    operator resolved it) or the send was cancelled, an earlier error ("it may have been sent") is history,
+    which the timeline keeps."""
+    return None if operation.state in (State.ACCEPTED, State.CANCELLED) else operation.last_error
+
+
 async def overview(proxy: Proxy) -> dict[str, Any]:
     ledger = proxy.ledger
     await ledger.expire_leases()  # what the operator sees is what is true now
@@ -85,6 +119,7 @@ async def overview(proxy: Proxy) -> dict[str, Any]:
         "sign_in_problem": proxy.upstream.sign_in_problem,
         "changed_tools": [pin.name for pin in pins if pin.changed],
         "tools": len(pins),
+        "senders": await senders(ledger, now),
     }
 
 
@@ -104,7 +139,7 @@ def summary(operation: Operation) -> list[tuple[str, str]]:
 async def timeline(ledger: Ledger, operation: Operation) -> list[dict[str, Any]]:
     """Everything that happened to an operation, oldest first: state moves, decisions, delivery."""
     moves = [
-        {"at": e.at, "kind": "decision" if _decided(e) else "state", "what": _move(e), "who": e.actor,
+        {"at": e.at, "kind": "decision" if _decided(e) else "state", "what": _move(e), "who": sender_name(e.actor),
          "why": e.reason}
         for e in await ledger.events(operation.id)
     ]  # fmt: skip

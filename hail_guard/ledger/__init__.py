@@ -50,6 +50,33 @@ class Begin:
     """True: `sending` is committed under our lease and the request must now be forwarded."""
 
 
+@dataclass(frozen=True)
+class ConsoleSession:
+    """An operator signed in to the console (`hail_guard.console.auth`), as the ledger keeps it."""
+
+    name: str
+    """Who every decision of the session is recorded as."""
+    created_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Someone sending from the ledger now: a worker, a `batch run`, or a `serve` draining a batch."""
+
+    id: str
+    who: str
+    """The process: `host:pid`."""
+    role: str
+    """`worker`, `batch run` or `serve`."""
+    batch_id: str | None = None
+    """The batch it sends, or None for every batch."""
+    started_at: datetime | None = None
+    """Its first beat (the database's clock); None until recorded."""
+    seen_at: datetime | None = None
+    """Its last beat: one that stops beating (a process killed) goes stale."""
+
+
 class Ledger(Protocol):
     async def now(self) -> datetime:
         """The database's clock."""
@@ -184,8 +211,10 @@ class Ledger(Protocol):
 
     async def record_webhook(self, webhook: Webhook) -> WebhookOutcome:
         """In one transaction: refuse a seen signature (`REPLAYED`), count a delivery id once (`DUPLICATE`),
-        then suppress an opt-out's sender, or apply the delivery event to the operation with the provider id
-        (unknown ones are recorded and ignored). Nothing changes for `REPLAYED` and `DUPLICATE`."""
+        then suppress an opt-out's sender, or apply the delivery event to the operation with the provider id.
+        An event for an id no operation has yet is kept (`PARKED`, a bounded number, for as long as its delivery
+        id is remembered) and applied in the transaction that records that id: `record_outcome`, or
+        `resolve_review` with a provider id. Nothing changes for `REPLAYED` and `DUPLICATE`."""
 
     async def resolve_review(
         self, operation_id: str, *, state: State, reason: str, actor: str, provider_id: str | None = None
@@ -204,6 +233,10 @@ class Ledger(Protocol):
 
     async def backup(self, path: str) -> int:
         """Copy the ledger, online, to a new file at `path`; returns the operations it holds."""
+
+    async def verify(self) -> None:
+        """Check that the ledger's storage is whole, or raise `LedgerUnavailable` naming the damage (SQLite reads
+        every page: `PRAGMA quick_check`; PostgreSQL checks its own pages as it reads them)."""
 
     async def aclose(self) -> None: ...
 
@@ -249,6 +282,26 @@ class Ledger(Protocol):
 
     async def tool_definitions(self, fingerprints: Sequence[str]) -> dict[str, str]:
         """The definitions kept for these fingerprints (those known)."""
+
+    # What the console and `status` keep and read of who is at work (a sign-in, a sender).
+
+    async def start_session(self, digest: str, *, name: str, seconds: float) -> None:
+        """Keep a console sign-in under `digest` (a hash of its id: never the id) for `seconds`; expired ones go."""
+
+    async def find_session(self, digest: str) -> ConsoleSession | None:
+        """The sign-in kept under `digest`, unless it expired or ended."""
+
+    async def end_session(self, digest: str) -> None:
+        """End a sign-in (signing out): from now on no `serve` sharing the ledger knows it."""
+
+    async def record_heartbeat(self, beat: Heartbeat) -> None:
+        """`beat` is alive now (the database's clock); its first beat is its start. Beats silent a day go."""
+
+    async def end_heartbeat(self, beat_id: str) -> None:
+        """The sender stopped: its heartbeat goes."""
+
+    async def heartbeats(self) -> list[Heartbeat]:
+        """Every heartbeat, the earliest started first (a stale one's process may have died)."""
 
 
 async def find_operation(ledger: Ledger, reference: str) -> Operation:

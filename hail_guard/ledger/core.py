@@ -1,8 +1,9 @@
 """What both ledger backends do alike, written once over their named statements.
 
 `LedgerCore` is the half of the `Ledger` protocol that is the same on SQLite and PostgreSQL: reads,
-opt-outs, batches' approval and status, delivery and webhooks, the review queue, pruning and tool
-pins. Each runs as one `Tx` of the backend (`_read`, `_write`), calling statements by name
+opt-outs, batches' approval and status, delivery and webhooks (one that comes before its message's id
+is kept until the id is recorded: `apply_parked`), the review queue, pruning and tool pins. Each runs
+as one `Tx` of the backend (`_read`, `_write`), calling statements by name
 (`hail_guard.ledger.sql`): a statement of one name takes the same parameters on both dialects, and
 rows come back as mappings that `operation_of` and pydantic read alike (SQLite's epoch floats are
 UTC datetimes to pydantic, its JSON is text as PostgreSQL's is). A backend adds the send path
@@ -19,14 +20,12 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from importlib import resources
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from hail_guard import delivery, lifecycle, policy, recipients, same_send
-from hail_guard.errors import BadInput, NotFound, RefusedByPolicy, SchemaTooNew
+from hail_guard.errors import BadInput, NotFound, RefusedByPolicy
 from hail_guard.models import (
     BatchStatus,
-    BatchSummary,
     DeliveryEvent,
     DeliveryObservation,
     Event,
@@ -50,6 +49,12 @@ LEASE_EXPIRED = "lease expired while sending: the request may have left"
 PLAN_CHUNK = 500
 """Sends staged per round trip while planning a batch."""
 DEFAULT_RULES = Rules()
+PARKED_WEBHOOKS_MAX = 10_000
+"""Webhooks kept at once for a message id no operation has yet; past it one is recorded for audit only."""
+PARKED_WEBHOOK_SECONDS = policy.WEBHOOK_DEDUPE_SECONDS
+"""How long such a webhook is kept to apply: as long as its delivery id is remembered (Hail retries for a day)."""
+Writes = list[tuple[str, list[tuple[Any, ...]]]]
+"""(statement, the rows of its parameters) to run in order: the same on both dialects."""
 
 
 class Tx(Protocol):
@@ -179,38 +184,8 @@ def must_row(rows: Sequence[Row], operation_id: str) -> Row:
     return rows[0]
 
 
-def batch_summaries(rows: Iterable[tuple[str, str | None, datetime, str | None, int]]) -> list[BatchSummary]:
-    """Fold (batch id, name, created at, state, count) rows, in batch order, into summaries."""
-    summaries: dict[str, BatchSummary] = {}
-    for batch_id, name, created_at, state, count in rows:
-        summary = summaries.setdefault(
-            batch_id, BatchSummary(batch_id=batch_id, name=name, created_at=created_at, counts={})
-        )
-        if state is not None:
-            summary.counts[State(state)] = count
-    return list(summaries.values())
-
-
 def not_found(operation_id: str) -> NotFound:
     return NotFound(f"no operation {operation_id}; list them with `hail-guard ops list`")
-
-
-def migrations(dialect: str) -> list[tuple[int, str]]:
-    """(version, SQL) for every migration shipped for `dialect`, in order."""
-    folder = resources.files("hail_guard.ledger") / "migrations" / dialect
-    found = [
-        (int(item.name.split("_")[0]), item.read_text()) for item in folder.iterdir() if item.name.endswith(".sql")
-    ]
-    return sorted(found)
-
-
-def check_version(current: int, latest: int, where: str) -> int:
-    if current > latest:
-        raise SchemaTooNew(
-            f"the ledger {where} has schema version {current}, newer than this hail-guard knows ({latest}); "
-            "upgrade hail-guard"
-        )
-    return current
 
 
 class LedgerCore(ABC):
@@ -305,12 +280,6 @@ class LedgerCore(ABC):
 
     async def batch_status(self, batch_id: str, *, hold_lead: bool = True) -> BatchStatus:
         return await self._read(_batch_status, batch_id, hold_lead)
-
-    async def list_batches(self, *, after: str | None = None, limit: int = 50) -> list[BatchSummary]:
-        rows = await self._read(_rows, "list_batches", limit, after)
-        return batch_summaries(
-            (row["batch_id"], row["name"], as_time(row["created_at"]), row["state"], int(row["count"])) for row in rows
-        )
 
     async def approve_batch(self, batch_id: str, *, actor: str) -> int:
         return await self._write(_approve_batch, batch_id, actor)
@@ -408,9 +377,14 @@ async def must(tx: Tx, operation_id: str, *, for_update: bool = False) -> Operat
 
 
 async def record_event(tx: Tx, operation_id: str, before: State | None, after: State, actor: str, reason: str) -> None:
-    if not lifecycle.is_legal(before, after):  # the table is the rule: a bug here must not reach the history
+    await tx.run("record_event", operation_id, *_legal(before, after), actor, reason)
+
+
+def _legal(before: State | None, after: State) -> tuple[str | None, str]:
+    """The move as an event records it; the table is the rule: a bug here must not reach the history."""
+    if not lifecycle.is_legal(before, after):
         raise AssertionError(f"{before} -> {after} is not a move of hail_guard.lifecycle")
-    await tx.run("record_event", operation_id, before.value if before else None, after.value, actor, reason)
+    return before.value if before else None, after.value
 
 
 async def opted_out(tx: Tx, reached: Sequence[str], channel: str) -> bool:
@@ -430,16 +404,8 @@ async def cancel_pending(tx: Tx, found: Sequence[Row], actor: str, reason: str) 
     if not pending:
         return []
     cancelled = [row["id"] for row in await tx.rows("cancel_operations", json.dumps(list(pending)), reason)]
-    for operation_id in cancelled:
-        if not lifecycle.is_legal(pending[operation_id], State.CANCELLED):
-            raise AssertionError(f"{pending[operation_id]} -> cancelled is not a move of hail_guard.lifecycle")
-    await tx.run_many(
-        "record_event",
-        [
-            (operation_id, pending[operation_id].value, State.CANCELLED.value, actor, reason)
-            for operation_id in cancelled
-        ],
-    )
+    moves = [(operation_id, _legal(pending[operation_id], State.CANCELLED)) for operation_id in cancelled]
+    await tx.run_many("record_event", [(operation_id, *move, actor, reason) for operation_id, move in moves])
     return cancelled
 
 
@@ -491,26 +457,57 @@ async def _observe_tools(tx: Tx, fingerprints: dict[str, str]) -> list[ToolPin]:
     return [ToolPin.model_validate(dict(row)) for row in await tx.rows("tool_pins")]
 
 
-async def apply_delivery(
-    tx: Tx, operation: Operation, observations: Sequence[DeliveryObservation], next_check_seconds: float | None
-) -> None:
+def delivery_writes(
+    operation: Operation, observations: Sequence[DeliveryObservation], next_check_seconds: float | None
+) -> Writes:
     """Each state once as an event; the current state only forward (`delivery.settle`); `state` untouched.
     The caller holds the operation's row (`for_update`), so a poll and a webhook settle one after the other."""
-    await tx.run_many(
-        "record_delivery_event",
-        [(operation.id, o.state.value, epoch(o.occurred_at), o.source, o.detail) for o in observations],
-    )
+    events = [(operation.id, o.state.value, epoch(o.occurred_at), o.source, o.detail) for o in observations]
+    writes: Writes = [("record_delivery_event", events)]
     moved = delivery.settle(operation.delivery_state, observations)
     if moved is not None:
-        await tx.run("set_delivery_state", moved.state.value, epoch(moved.occurred_at), operation.id)
+        writes.append(("set_delivery_state", [(moved.state.value, epoch(moved.occurred_at), operation.id)]))
     if next_check_seconds is not None:
-        await tx.run("count_delivery_check", next_check_seconds, operation.id)
+        writes.append(("count_delivery_check", [(next_check_seconds, operation.id)]))
+    return writes
+
+
+def parked_writes(operation: Operation, parked: Sequence[Row]) -> Writes:
+    """The webhooks kept for `operation`'s provider id (rows of `parked_webhooks`) applied to it, and settled."""
+    seen = [
+        DeliveryObservation(
+            state=row["delivery_state"],
+            occurred_at=as_time(row["occurred_at"]) if row["occurred_at"] is not None else None,
+            source="webhook",
+            detail=row["delivery_id"],
+        )
+        for row in parked
+    ]
+    settled = [(WebhookOutcome.APPLIED.value, operation.id, row["delivery_id"]) for row in parked]
+    return [*delivery_writes(operation, seen, None), ("settle_webhook", settled)]
+
+
+async def run_writes(tx: Tx, writes: Writes) -> None:
+    for name, rows in writes:
+        await tx.run_many(name, rows)
+
+
+async def apply_parked(tx: Tx, operation: Operation) -> bool:
+    """Apply the webhooks kept for the provider id just recorded for `operation`; whether there were any. The caller
+    holds its row, and took `lock_provider` first: a webhook for that id arriving meanwhile waits, then finds it."""
+    if operation.provider_id is None:
+        return False
+    parked = await tx.rows("parked_webhooks", operation.provider_id, PARKED_WEBHOOK_SECONDS)
+    if parked:
+        await run_writes(tx, parked_writes(operation, parked))
+    return bool(parked)
 
 
 async def _record_delivery(
     tx: Tx, operation_id: str, observations: list[DeliveryObservation], next_check_seconds: float | None
 ) -> Operation:
-    await apply_delivery(tx, await must(tx, operation_id, for_update=True), observations, next_check_seconds)
+    operation = await must(tx, operation_id, for_update=True)
+    await run_writes(tx, delivery_writes(operation, observations, next_check_seconds))
     return await must(tx, operation_id)
 
 
@@ -518,7 +515,10 @@ async def _record_webhook(tx: Tx, webhook: Webhook) -> WebhookOutcome:
     """A seen signature is a replay; a delivery id counts once (a concurrent twin waits, then does nothing)."""
     if await tx.row("signature_seen", webhook.signature) is not None:
         return WebhookOutcome.REPLAYED
-    fields = (webhook.delivery_id, webhook.signature, webhook.event_type, webhook.provider_id, webhook.payload)
+    seen = webhook.observation
+    fields = (webhook.delivery_id, webhook.signature, webhook.event_type, webhook.provider_id, webhook.payload) + (
+        (seen.state.value, epoch(seen.occurred_at)) if seen is not None else (None, None)
+    )
     if await tx.row("claim_webhook", *fields) is None:
         replayed = await tx.row("signature_seen", webhook.signature) is not None
         return WebhookOutcome.REPLAYED if replayed else WebhookOutcome.DUPLICATE
@@ -533,10 +533,13 @@ async def _apply_webhook(tx: Tx, webhook: Webhook) -> tuple[WebhookOutcome, str 
         return WebhookOutcome.OPTED_OUT, None
     if webhook.observation is None or webhook.provider_id is None:
         return WebhookOutcome.IGNORED, None
+    await tx.run("lock_provider", webhook.provider_id)  # then whoever records this id sees it kept, or we see the id
     operation = await _one(tx, "operation_by_provider_for_update", webhook.provider_id)
-    if operation is None:
-        return WebhookOutcome.UNKNOWN_OPERATION, None
-    await apply_delivery(tx, operation, [webhook.observation], None)
+    if operation is None:  # its send's answer may be lost: kept (bounded) until reconcile or a human records the id
+        kept = await tx.row("parked_count", PARKED_WEBHOOK_SECONDS)
+        full = kept is not None and int(kept["count"]) >= PARKED_WEBHOOKS_MAX
+        return (WebhookOutcome.UNKNOWN_OPERATION if full else WebhookOutcome.PARKED), None
+    await run_writes(tx, delivery_writes(operation, [webhook.observation], None))
     return WebhookOutcome.APPLIED, operation.id
 
 
@@ -544,6 +547,8 @@ async def _resolve_review(
     tx: Tx, operation_id: str, state: State, reason: str, actor: str, provider_id: str | None
 ) -> Operation:
     why = policy.review_decision_text(state, reason, provider_id)
+    if provider_id is not None:
+        await tx.run("lock_provider", provider_id)  # before the row, as a webhook takes them (`_apply_webhook`)
     before = await must(tx, operation_id, for_update=True)
     if before.state not in lifecycle.REVIEWABLE:
         raise policy.not_in_review(before, "resolved")
@@ -552,6 +557,8 @@ async def _resolve_review(
     may_have_left = state is not State.ACCEPTED  # closed by an operator: it may have been sent
     await tx.run("resolve_review", state.value, provider_id, cancel_reason, last_error, operation_id, may_have_left)
     await record_event(tx, operation_id, before.state, state, actor, why)
+    if provider_id is not None:
+        await apply_parked(tx, await must(tx, operation_id))
     return await must(tx, operation_id)
 
 

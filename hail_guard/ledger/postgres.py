@@ -147,18 +147,15 @@ class PostgresLedger(reads.OperatorReads):
 
     async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
         taken = policy.provider_id_taken(outcome, "{holder}").reason  # the SQL names the holder
-        async with self._alone() as db:
-            row = await db.fetchrow(
-                _SQL["record_outcome"], *core.outcome_values(outcome), operation_id, owner, actor, outcome.reason, taken
-            )
-        if row is None:
-            raise core.not_found(operation_id)
-        if row["id"] is None or row["state"] is None:
-            raise LeaseLost(
-                f"operation {operation_id} is no longer ours to record (state {row['before_state']}, "
-                f"claimed by another worker); its outcome was not overwritten"
-            )
-        return core.operation_of(row)
+        arguments = (*core.outcome_values(outcome), operation_id, owner, actor, outcome.reason, taken)
+        if outcome.provider_id is None:
+            async with self._alone() as db:
+                return _recorded(await db.fetchrow(_SQL["record_outcome"], *arguments), operation_id)
+        async with self._transaction() as db:  # the id, and the webhooks that came before it, in one commit
+            await db.execute(_SQL["lock_provider"], outcome.provider_id)  # first: see `lock_provider`
+            recorded = _recorded(await db.fetchrow(_SQL["record_outcome"], *arguments), operation_id)
+            tx = _Tx(db)
+            return await core.must(tx, operation_id) if await core.apply_parked(tx, recorded) else recorded
 
     async def _claim_unknown(
         self, owner: str, lease_seconds: float, operation_id: str | None, batch_id: str | None, limit: int
@@ -224,6 +221,10 @@ class PostgresLedger(reads.OperatorReads):
             f"hail-guard copies SQLite ledgers only; back up the PostgreSQL ledger at {self._where} with pg_dump "
             "(e.g. `pg_dump --format=custom --file ledger.dump DATABASE_URL`), then restore with pg_restore"
         )
+
+    async def verify(self) -> None:
+        """Nothing to read here: the server checks its own pages (with data checksums) as it reads them."""
+        await self.now()
 
     async def aclose(self) -> None:
         """Close the pool: wait a moment for connections in use, then cut them."""
@@ -310,6 +311,18 @@ def _found(intent: Intent, verdict: str, rows: Sequence[Row], rules: Rules) -> O
     found = {"matches": Candidates(matches=operations), "holds": Candidates(holds=operations)}
     candidates = found.get(verdict, Candidates(near=operations))
     return policy.decide(intent, candidates, rules)
+
+
+def _recorded(row: Row | None, operation_id: str) -> Operation:
+    """The operation `record_outcome` answered with; `NotFound`, or `LeaseLost` when it was not ours to record."""
+    if row is None:
+        raise core.not_found(operation_id)
+    if row["id"] is None or row["state"] is None:
+        raise LeaseLost(
+            f"operation {operation_id} is no longer ours to record (state {row['before_state']}, "
+            f"claimed by another worker); its outcome was not overwritten"
+        )
+    return core.operation_of(row)
 
 
 class _IntentsRaised(HailGuardError):
@@ -421,7 +434,7 @@ async def _warn_if_not_durable(db: asyncpg.Connection, where: str) -> None:
 
 def migrations() -> list[tuple[int, str]]:
     """(version, SQL) for every migration shipped, in order."""
-    return core.migrations("postgres")
+    return sql.migrations("postgres")
 
 
 _SCHEMA_TABLE = "hail_guard_schema_version"
@@ -444,13 +457,13 @@ async def _migrate(db: asyncpg.Connection, where: str) -> int:
     latest = known[-1][0]
     functions = function_texts()
     wanted = {(name, checksum) for name, (checksum, _) in functions.items()}
-    if core.check_version(await _version(db), latest, where) == latest and wanted <= await _applied(db):
+    if sql.check_version(await _version(db), latest, where) == latest and wanted <= await _applied(db):
         return latest  # nothing to do: no lock, no DDL (a role without CREATE can use a migrated database)
     async with db.transaction():
         await db.execute(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT}'")
         await db.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
         await db.execute(CREATE_SCHEMA_TABLE)
-        current = core.check_version(await _version(db), latest, where)
+        current = sql.check_version(await _version(db), latest, where)
         pending = [(version, script) for version, script in known if version > current]
         for version, script in pending:
             await db.execute(script)

@@ -2,10 +2,12 @@
 
 `OperatorReads` is `LedgerCore` with the reads an operator's pages need, each walking an index
 (SQLite schema 7, PostgreSQL 9): sends per hour, counts of the states that wait for someone, a
-search by key prefix and every filter a page at a time, opt-outs by prefix and what each
-cancelled, and upstream tool definitions by fingerprint; and the one decision those pages add
-beside approving a batch, `cancel_batch`. Both backends are `OperatorReads`: each statement is
-named once per dialect in `sql/<dialect>/queries.sql`, and the Python here runs on either.
+search by key prefix and every filter a page at a time, batches newest first, opt-outs by prefix
+and what each cancelled, and upstream tool definitions by fingerprint; the one decision those
+pages add beside approving a batch, `cancel_batch`; and what the console and `status` keep of who
+is at work (SQLite schema 8, PostgreSQL 10): the console's sign-ins, by a hash of their id, and the
+heartbeats of whoever is sending. Both backends are `OperatorReads`: each statement is named once
+per dialect in `sql/<dialect>/queries.sql`, and the Python here runs on either.
 
 Sends per hour are not counted from the operations at all: the database keeps them, in a small table
 (`sends_by_hour`) that triggers on `operations` update in the transaction of each write (the
@@ -15,21 +17,24 @@ migrations say how), so a week is one range of that table whatever the ledger's 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from hail_guard import policy, recipients
 from hail_guard.errors import BadInput, NotFound
+from hail_guard.ledger import ConsoleSession, Heartbeat
 from hail_guard.ledger.core import LedgerCore, Row, Tx, as_time, batch_name, cancel_pending, epoch, operation_of
-from hail_guard.models import DeliveryState, HourOfSends, Operation, State, Suppression
+from hail_guard.models import BatchSummary, DeliveryState, HourOfSends, Operation, State, Suppression
 
 _LAST_CHARACTER = "\U0010ffff"
 _AFTER_NOTHING = (float("inf"), 2**62, "")
 """(created at, position, key) past every operation: a search's page after nothing (the first page)."""
 _SEARCHES = ("key", "recipient", "batch", "campaign", "state")
 """The filter that drives a search, in this order of preference (`search_by_<filter>`, else `search_all`)."""
+HEARTBEAT_FORGET_SECONDS = 86400.0
+"""A heartbeat silent this long is taken away (its process ended without saying so)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,12 @@ def batch_cancel_reason(reason: str) -> str:
 class OperatorReads(LedgerCore):
     """The ledger core with what operators read (see the module docstring); each backend is one."""
 
+    async def list_batches(self, *, after: str | None = None, limit: int = 50) -> list[BatchSummary]:
+        rows = await self._read(_rows, "list_batches", limit, after)
+        return batch_summaries(
+            (row["batch_id"], row["name"], as_time(row["created_at"]), row["state"], int(row["count"])) for row in rows
+        )
+
     async def sends_by_hour(self, since: datetime) -> list[HourOfSends]:
         return hours_of_sends(await self._read(_rows, "sends_by_hour", epoch(since)))
 
@@ -124,6 +135,34 @@ class OperatorReads(LedgerCore):
         rows = await self._read(_rows, "tool_definitions", json.dumps(list(fingerprints)))
         return {row["fingerprint"]: row["definition"] for row in rows}
 
+    async def start_session(self, digest: str, *, name: str, seconds: float) -> None:
+        await self._write(_run_all, [("forget_sessions", ()), ("start_session", (digest, name, seconds))])
+
+    async def find_session(self, digest: str) -> ConsoleSession | None:
+        row = await self._read(_row, "find_session", digest)
+        if row is None:
+            return None
+        return ConsoleSession(row["name"], as_time(row["created_at"]), as_time(row["expires_at"]))
+
+    async def end_session(self, digest: str) -> None:
+        await self._write(_run_all, [("end_session", (digest,))])
+
+    async def record_heartbeat(self, beat: Heartbeat) -> None:
+        recorded = ("record_heartbeat", (beat.id, beat.who, beat.role, beat.batch_id))
+        await self._write(_run_all, [("forget_heartbeats", (HEARTBEAT_FORGET_SECONDS,)), recorded])
+
+    async def end_heartbeat(self, beat_id: str) -> None:
+        await self._write(_run_all, [("end_heartbeat", (beat_id,))])
+
+    async def heartbeats(self) -> list[Heartbeat]:
+        rows = await self._read(_rows, "heartbeats")
+        return [
+            Heartbeat(
+                row["id"], row["who"], row["role"], row["batch_id"], as_time(row["started_at"]), as_time(row["seen_at"])
+            )
+            for row in rows
+        ]
+
 
 # --- work, as functions of a Tx ----------------------------------------------------------------------
 
@@ -132,8 +171,29 @@ async def _rows(tx: Tx, name: str, *args: Any) -> list[Row]:
     return await tx.rows(name, *args)
 
 
+async def _row(tx: Tx, name: str, *args: Any) -> Row | None:
+    return await tx.row(name, *args)
+
+
 async def _run_many(tx: Tx, name: str, args: Sequence[Sequence[Any]]) -> None:
     await tx.run_many(name, args)
+
+
+async def _run_all(tx: Tx, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+    for name, args in statements:
+        await tx.run(name, *args)
+
+
+def batch_summaries(rows: Iterable[tuple[str, str | None, datetime, str | None, int]]) -> list[BatchSummary]:
+    """Fold (batch id, name, created at, state, count) rows, in batch order, into summaries."""
+    summaries: dict[str, BatchSummary] = {}
+    for batch_id, name, created_at, state, count in rows:
+        summary = summaries.setdefault(
+            batch_id, BatchSummary(batch_id=batch_id, name=name, created_at=created_at, counts={})
+        )
+        if state is not None:
+            summary.counts[State(state)] = count
+    return list(summaries.values())
 
 
 def hours_of_sends(rows: Sequence[Row]) -> list[HourOfSends]:

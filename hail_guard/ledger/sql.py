@@ -1,4 +1,5 @@
-"""Named SQL: each backend's statements live in `sql/<dialect>/queries.sql`, each under `-- name: NAME`.
+"""Named SQL: each backend's statements live in `sql/<dialect>/queries.sql`, each under `-- name: NAME`;
+its migrations in `migrations/<dialect>/NNNN_*.sql` (`migrations`).
 
 Python only says which statement runs (procrastinate keeps its queries the same way). A statement of
 the same name takes the same parameters, in the same order, on both dialects (`?1`, `?2` on SQLite,
@@ -15,6 +16,7 @@ from functools import cache
 from importlib import resources
 
 from hail_guard import same_send
+from hail_guard.errors import SchemaTooNew
 from hail_guard.lifecycle import SQL_SETS
 
 OPERATION_COLUMNS = (
@@ -57,3 +59,21 @@ def filled(sql: str, dialect: str) -> str:
         return fragments.get(found.group(1), found.group(0))
 
     return _PLACEHOLDER.sub(fill, sql)
+
+
+def migrations(dialect: str) -> list[tuple[int, str]]:
+    """(version, SQL) for every migration shipped for `dialect`, in order."""
+    folder = resources.files("hail_guard.ledger") / "migrations" / dialect
+    found = [
+        (int(item.name.split("_")[0]), item.read_text()) for item in folder.iterdir() if item.name.endswith(".sql")
+    ]
+    return sorted(found)
+
+
+def check_version(current: int, latest: int, where: str) -> int:
+    if current > latest:
+        raise SchemaTooNew(
+            f"the ledger {where} has schema version {current}, newer than this hail-guard knows ({latest}); "
+            "upgrade hail-guard"
+        )
+    return current

@@ -13,34 +13,45 @@ refusal in one (an opt-out, a key conflict, a lost lease) rolls back only its sa
 never waits for company. The other writes (`LedgerCore`'s: review, opt-outs, webhooks...) take a
 transaction of their own. Reads use a second connection; planning a batch uses a third, its own.
 
-Every sqlite3 error is mapped to our tree in `errors_mapped`, and only there.
+Every sqlite3 error is mapped to our tree in `sqlite_file.errors_mapped`, and only there.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import sqlite3
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aiosqlite
 import anyio
 import anyio.to_thread
+import structlog
 
 from hail_guard import policy, recipients, same_send
 from hail_guard.errors import HailGuardError, LeaseLost, LedgerUnavailable
 from hail_guard.ledger import Begin, backfill, core, reads, sql
-from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, PLAN_CHUNK, Row, Work, must_row
-from hail_guard.ledger.sqlite_file import backup_file, create_private, refuse_network_filesystem
+from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, PLAN_CHUNK, Row, Tx, Work, must_row
+from hail_guard.ledger.sqlite_file import (
+    backup_file,
+    create_private,
+    damaged,
+    errors_mapped,
+    refuse_empty,
+    refuse_network_filesystem,
+)
 from hail_guard.lifecycle import is_legal
 from hail_guard.models import Intent, Operation, Outcome, State
 from hail_guard.same_send import Candidates, Rules
+
+log = structlog.get_logger(__name__)
 
 _SQL: Final = sql.statements("sqlite")
 CLOSE_SECONDS = 10.0
@@ -283,6 +294,13 @@ class SqliteLedger(reads.OperatorReads):
         with errors_mapped(path):
             return await anyio.to_thread.run_sync(backup_file, self._path, path)
 
+    async def verify(self) -> None:
+        """`PRAGMA quick_check`: every page read (as long as reading the file takes), nothing locked."""
+        found = await self._read(_quick_check)
+        if found != ["ok"]:
+            said = " ".join("; ".join(found).split())  # one line: quick_check reports a problem a line
+            raise LedgerUnavailable(damaged(said if len(said) <= 300 else said[:300] + "…", self._path))
+
     async def aclose(self) -> None:
         """Close, once the writes in flight (a shutdown's last ones among them) are committed: bounded."""
         with errors_mapped(self._path), anyio.CancelScope(shield=True):
@@ -290,6 +308,10 @@ class SqliteLedger(reads.OperatorReads):
                 await self._writer.drained()
             await self._reader.close()
             await self._writer_db.close()
+
+
+async def _quick_check(tx: Tx, /) -> list[str]:
+    return [str(next(iter(row.values()))) for row in await tx.rows("quick_check")]
 
 
 # --- the send path, on the writing connection's thread ---------------------------------------------------
@@ -385,7 +407,14 @@ def _record_outcome(db: sqlite3.Connection, operation_id: str, owner: str, outco
             f"claimed by another worker); its outcome was not overwritten"
         )
     _event(db, operation_id, before.state, outcome.state, actor, outcome.reason)
-    return core.operation_of(recorded[0])
+    operation = core.operation_of(recorded[0])
+    if outcome.provider_id is not None:
+        parked = _fetch(db, "parked_webhooks", (outcome.provider_id, core.PARKED_WEBHOOK_SECONDS))
+        if parked:  # webhooks that came before the id: applied in this same commit
+            for name, rows in core.parked_writes(operation, parked):
+                db.executemany(_SQL[name], rows)
+            return _must(db, operation_id)
+    return operation
 
 
 def _claim_ready(
@@ -422,9 +451,16 @@ def _chunks(items: Iterable[Intent], size: int) -> Iterator[list[Intent]]:
 
 @asynccontextmanager
 async def open_sqlite_ledger(path: str, *, busy_timeout_seconds: float = 5.0) -> AsyncIterator[SqliteLedger]:
-    """Open the file (created 0600 with its folder), switch on WAL and migrate it; a writer and a reader."""
+    """Open the file (created 0600 with its folder, with a notice, where no file is; an empty file is refused),
+    switch on WAL and migrate it; a writer and a reader."""
     with errors_mapped(path):
-        await anyio.to_thread.run_sync(_create_checked, path)
+        if created := await anyio.to_thread.run_sync(_create_checked, path):
+            log.warning(
+                "ledger_created",
+                ledger=created,
+                message="no ledger was there: a new, empty one was made; if you expected your ledger, check "
+                "[ledger] url (a relative path is taken from the config file's folder)",
+            )
     async with (
         _connected(path, busy_timeout_seconds, prepare=True) as writer,
         _connected(path, busy_timeout_seconds, reader=True) as reader,
@@ -432,9 +468,12 @@ async def open_sqlite_ledger(path: str, *, busy_timeout_seconds: float = 5.0) ->
         yield SqliteLedger(writer, reader, path, busy_timeout_seconds)
 
 
-def _create_checked(path: str) -> None:
-    create_private(path)
+def _create_checked(path: str) -> str | None:
+    """The file's absolute path when this made it (no file was there), else None; an empty file is refused."""
     refuse_network_filesystem(path)
+    created = create_private(path)
+    refuse_empty(path)
+    return os.path.abspath(path) if created else None
 
 
 @asynccontextmanager
@@ -482,7 +521,7 @@ def _switch_to_wal(db: sqlite3.Connection, busy_timeout_seconds: float) -> None:
 
 def migrations() -> list[tuple[int, str]]:
     """(version, SQL) for every migration shipped, in order."""
-    return core.migrations("sqlite")
+    return sql.migrations("sqlite")
 
 
 def _migrate(db: sqlite3.Connection, path: str) -> None:
@@ -509,7 +548,7 @@ def _migrate(db: sqlite3.Connection, path: str) -> None:
 
 def _schema_version(db: sqlite3.Connection, path: str, latest: int) -> int:
     row = db.execute("PRAGMA user_version").fetchone()
-    return core.check_version(int(next(iter(row.values()))) if row else 0, latest, path)
+    return sql.check_version(int(next(iter(row.values()))) if row else 0, latest, path)
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -577,37 +616,3 @@ def _backfill_keys(db: sqlite3.Connection) -> None:
 
 _BACKFILLS: dict[int, Callable[[sqlite3.Connection], None]] = {6: _backfill_recipients, 9: _backfill_keys}
 """Migrations whose stored values are recomputed in Python right after their SQL, in their transaction."""
-
-
-@contextmanager
-def errors_mapped(path: str) -> Iterator[None]:
-    """The one place sqlite3, aiosqlite (`ValueError` on a closed connection) and file errors become ours."""
-    try:
-        yield
-    except HailGuardError:
-        raise
-    except sqlite3.OperationalError as exc:
-        raise LedgerUnavailable(_explain(str(exc), path)) from exc
-    except (sqlite3.Error, sqlite3.Warning, OSError, ValueError) as exc:
-        raise LedgerUnavailable(f"the ledger {path} cannot be used: {exc}") from exc
-
-
-def _explain(message: str, path: str) -> str:
-    lowered = message.lower()
-    if "locked" in lowered or "busy" in lowered:
-        return (
-            f"the ledger {path} stayed locked past the busy timeout; another process holds it: "
-            "retry, or raise [ledger] busy_timeout_seconds"
-        )
-    if "readonly" in lowered or "read-only" in lowered:
-        return f"the ledger {path} is read-only: make the file and its folder writable by this user"
-    if "disk i/o" in lowered:
-        return (
-            f"cannot write the ledger {path} ({message}): its storage is read-only or failing; "
-            "check the disk and the file's permissions, then retry"
-        )
-    if "full" in lowered:
-        return f"the disk holding the ledger {path} is full: free space, then retry"
-    if "unable to open" in lowered:
-        return f"cannot open the ledger {path}: check that the folder exists and is writable"
-    return f"the ledger {path} failed: {message}"

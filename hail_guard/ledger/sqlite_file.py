@@ -1,8 +1,12 @@
-"""The SQLite ledger's file: created private and durable, refused on network filesystems, copied online.
+"""The SQLite ledger's file: created private, whole and durable, refused on network filesystems, copied online.
 
-`create_private` makes the file 0600 in a 0700 folder and syncs the folder, so the file itself survives a
-power cut; `refuse_network_filesystem` refuses a folder where SQLite's locks do not hold across hosts;
-`backup_file` copies a ledger in use into a new file that never replaces another.
+`create_private` makes a new ledger file only where no file is: 0600 in a 0700 folder, a database from
+its first byte (made under a temporary name, then linked into place), its folder synced so the file
+survives a power cut. So an empty file is never a ledger being made: `refuse_empty` refuses one, rather
+than start a new ledger over what may have held every key and opt-out. `refuse_network_filesystem`
+refuses a folder where SQLite's locks do not hold across hosts; `backup_file` copies a ledger in use into
+a new file that never replaces another. `errors_mapped` is the one place sqlite3's and the file's errors
+become ours, each saying what to do.
 """
 
 from __future__ import annotations
@@ -11,9 +15,10 @@ import errno
 import os
 import sqlite3
 import tempfile
-from contextlib import closing, suppress
+from collections.abc import Iterator
+from contextlib import closing, contextmanager, suppress
 
-from hail_guard.errors import BadInput, LedgerError, LedgerUnavailable
+from hail_guard.errors import BadInput, HailGuardError, LedgerError, LedgerUnavailable
 
 NETWORK_FILESYSTEMS = frozenset(
     {"nfs", "nfs4", "cifs", "smbfs", "smb3", "afs", "ceph", "glusterfs", "lustre", "9p", "fuse.sshfs", "davfs"}
@@ -50,15 +55,64 @@ def refuse_network_filesystem(path: str, mounts_file: str = "/proc/mounts") -> N
         )
 
 
-def create_private(path: str) -> None:
-    """Create the ledger file 0600 (its folder 0700) unless it exists; its folder is synced, so the new name
-    survives a power cut as the commits into it do."""
+def create_private(path: str) -> bool:
+    """Create a new, empty ledger file 0600 (its folder 0700) unless a file is there; True when this call made it.
+
+    The file appears whole: an SQLite database in WAL mode (its header written and synced) is made under a
+    temporary name and hard-linked into place, which never replaces a file that appeared meanwhile (another
+    process starting at once: then that one is used); the folder is synced, so the new name survives a power
+    cut as the commits into it do."""
     if path == ":memory:" or os.path.exists(path):
-        return
+        return False
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, mode=0o700, exist_ok=True)
-    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".new", dir=folder)
+    os.close(descriptor)  # created 0600
+    try:
+        with closing(sqlite3.connect(temporary)) as db:
+            db.execute("PRAGMA journal_mode = WAL")  # writes (and syncs) the header: a database from its first byte
+        created = _link_unless_there(temporary, path)
+    finally:
+        for leftover in (temporary, f"{temporary}-wal", f"{temporary}-shm", f"{temporary}-journal"):
+            with suppress(FileNotFoundError):
+                os.remove(leftover)
     _sync_folder(folder)
+    return created
+
+
+def _link_unless_there(temporary: str, path: str) -> bool:
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+            raise
+        return _copy_unless_there(temporary, path)  # a filesystem without hard links
+    return True
+
+
+def _copy_unless_there(temporary: str, path: str) -> bool:
+    try:
+        descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(descriptor, "wb") as file, open(temporary, "rb") as source:
+        file.write(source.read())
+        file.flush()
+        os.fsync(file.fileno())
+    return True
+
+
+def refuse_empty(path: str) -> None:
+    """An empty file where the ledger should be is refused: it holds none of a ledger's keys or opt-outs, and a
+    new ledger is only ever made where no file is (`create_private`)."""
+    if path != ":memory:" and os.path.getsize(path) == 0:
+        raise LedgerUnavailable(
+            f"the ledger {path} is an empty file (0 bytes): it holds no keys and no opt-outs, so hail-guard will not "
+            "start a new ledger in it. If it held your ledger, restore the last backup there (`hail-guard backup` "
+            "makes them); to start a new ledger, delete the empty file and run again"
+        )
 
 
 def backup_file(source: str, path: str) -> int:
@@ -119,3 +173,52 @@ def _copy_online(source: str, target: str) -> int:
             raise sqlite3.DatabaseError(f"the copy failed its integrity check: {check}")
         row = copy.execute("SELECT COUNT(*) FROM operations").fetchone()
     return int(row[0])
+
+
+@contextmanager
+def errors_mapped(path: str) -> Iterator[None]:
+    """The one place sqlite3, aiosqlite (`ValueError` on a closed connection) and file errors become ours."""
+    try:
+        yield
+    except HailGuardError:
+        raise
+    except sqlite3.OperationalError as exc:
+        raise LedgerUnavailable(_explain(str(exc), path)) from exc
+    except sqlite3.DatabaseError as exc:  # what the file holds: damaged, or no database at all
+        raise LedgerUnavailable(damaged(str(exc), path)) from exc
+    except (sqlite3.Error, sqlite3.Warning, OSError, ValueError) as exc:
+        raise LedgerUnavailable(f"the ledger {path} cannot be used: {exc}") from exc
+
+
+def damaged(message: str, path: str) -> str:
+    """What to do about a file that is no ledger, or a damaged one."""
+    if "not a database" in message.lower():
+        return (
+            f"{path} is not a hail-guard ledger (not an SQLite database: {message}); check [ledger] url. A new "
+            "ledger is only ever made where no file is"
+        )
+    return (
+        f"the ledger {path} is damaged ({message}): stop every hail-guard that uses it, keep a copy of the file, "
+        f"then restore the last backup (`hail-guard backup` makes them), or salvage it with `sqlite3 {path} .recover`"
+    )
+
+
+def _explain(message: str, path: str) -> str:
+    lowered = message.lower()
+    if "locked" in lowered or "busy" in lowered:
+        return (
+            f"the ledger {path} stayed locked past the busy timeout; another process holds it: "
+            "retry, or raise [ledger] busy_timeout_seconds"
+        )
+    if "readonly" in lowered or "read-only" in lowered:
+        return f"the ledger {path} is read-only: make the file and its folder writable by this user"
+    if "disk i/o" in lowered:
+        return (
+            f"cannot write the ledger {path} ({message}): its storage is read-only or failing; "
+            "check the disk and the file's permissions, then retry"
+        )
+    if "full" in lowered:
+        return f"the disk holding the ledger {path} is full: free space, then retry"
+    if "unable to open" in lowered:
+        return f"cannot open the ledger {path}: check that the folder exists and is writable"
+    return f"the ledger {path} failed: {message}"

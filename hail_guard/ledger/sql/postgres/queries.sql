@@ -149,11 +149,28 @@ WHERE id = $2
 SELECT 1 FROM webhook_deliveries WHERE signature = $1
 
 -- name: claim_webhook
-INSERT INTO webhook_deliveries (delivery_id, signature, event_type, provider_id, outcome, received_at, payload)
-VALUES ($1, $2, $3, $4, 'pending', {now}, $5) ON CONFLICT DO NOTHING RETURNING delivery_id
+INSERT INTO webhook_deliveries (delivery_id, signature, event_type, provider_id, outcome, received_at, payload,
+    delivery_state, occurred_at)
+VALUES ($1, $2, $3, $4, 'pending', {now}, $5, $6, to_timestamp($7::float8)) ON CONFLICT DO NOTHING
+RETURNING delivery_id
 
 -- name: settle_webhook
 UPDATE webhook_deliveries SET outcome = $1, operation_id = $2 WHERE delivery_id = $3
+
+-- name: lock_provider
+-- Held to the end of the transaction by a webhook for message id $1 (before it looks for the operation) and by
+-- whatever records that id (before it looks for webhooks kept for it): one of them always sees the other's commit.
+-- Lock space "HGPW"; the second key is the id's hash.
+SELECT pg_advisory_xact_lock(1212633175, hashtext($1))
+
+-- name: parked_count
+SELECT count(*) AS count FROM webhook_deliveries
+WHERE outcome = 'parked' AND received_at >= {now} - $1::float8 * interval '1 second'
+
+-- name: parked_webhooks
+SELECT delivery_id, delivery_state, occurred_at FROM webhook_deliveries
+WHERE provider_id = $1 AND outcome = 'parked' AND received_at >= {now} - $2::float8 * interval '1 second'
+ORDER BY received_at, delivery_id
 
 -- name: prune_cutoff
 SELECT {now} - $1::float8 * interval '1 second' AS cutoff
@@ -491,6 +508,32 @@ ORDER BY updated_at DESC LIMIT $7
 
 -- name: remember_tool_definition
 INSERT INTO upstream_tool_definitions (fingerprint, definition) VALUES ($1, $2) ON CONFLICT DO NOTHING
+
+-- name: start_session
+INSERT INTO console_sessions (digest, name, created_at, expires_at)
+VALUES ($1, $2, {now}, {now} + $3::float8 * interval '1 second')
+
+-- name: forget_sessions
+DELETE FROM console_sessions WHERE expires_at <= {now}
+
+-- name: find_session
+SELECT name, created_at, expires_at FROM console_sessions WHERE digest = $1 AND expires_at > {now}
+
+-- name: end_session
+DELETE FROM console_sessions WHERE digest = $1
+
+-- name: record_heartbeat
+INSERT INTO heartbeats (id, who, role, batch_id, started_at, seen_at) VALUES ($1, $2, $3, $4, {now}, {now})
+ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at
+
+-- name: forget_heartbeats
+DELETE FROM heartbeats WHERE seen_at < {now} - $1::float8 * interval '1 second'
+
+-- name: end_heartbeat
+DELETE FROM heartbeats WHERE id = $1
+
+-- name: heartbeats
+SELECT id, who, role, batch_id, started_at, seen_at FROM heartbeats ORDER BY started_at, id
 
 -- name: tool_definitions
 SELECT fingerprint, definition FROM upstream_tool_definitions

@@ -152,12 +152,27 @@ UPDATE operations SET delivery_checks = delivery_checks + 1, delivery_next_check
 SELECT 1 FROM webhook_deliveries WHERE signature = ?1
 
 -- name: claim_webhook
--- Counts a delivery id (and a signature) once: nothing when either was seen.
-INSERT INTO webhook_deliveries (delivery_id, signature, event_type, provider_id, outcome, received_at, payload)
-VALUES (?1, ?2, ?3, ?4, 'pending', {now}, ?5) ON CONFLICT DO NOTHING RETURNING delivery_id
+-- Counts a delivery id (and a signature) once: nothing when either was seen. ?6 ?7 the delivery state it carries
+-- and when that happened (epoch), kept to apply it later when no operation has its message id yet.
+INSERT INTO webhook_deliveries (delivery_id, signature, event_type, provider_id, outcome, received_at, payload,
+    delivery_state, occurred_at)
+VALUES (?1, ?2, ?3, ?4, 'pending', {now}, ?5, ?6, ?7) ON CONFLICT DO NOTHING RETURNING delivery_id
 
 -- name: settle_webhook
 UPDATE webhook_deliveries SET outcome = ?1, operation_id = ?2 WHERE delivery_id = ?3
+
+-- name: lock_provider
+-- Nothing to lock: SQLite's writes run one at a time (PostgreSQL's takes an advisory lock on the message id).
+SELECT ?1
+
+-- name: parked_count
+-- Webhooks kept for a message id no operation had, received within ?1 seconds.
+SELECT COUNT(*) AS count FROM webhook_deliveries WHERE outcome = 'parked' AND received_at >= {now} - ?1
+
+-- name: parked_webhooks
+-- Those kept for message id ?1 (within ?2 seconds), in the order received.
+SELECT delivery_id, delivery_state, occurred_at FROM webhook_deliveries
+WHERE provider_id = ?1 AND outcome = 'parked' AND received_at >= {now} - ?2 ORDER BY received_at, delivery_id
 
 -- name: prune_cutoff
 SELECT {now} - ?1
@@ -346,6 +361,9 @@ UPDATE operations SET attempts = attempts + 1, lease_owner = ?1, lease_expires_a
 WHERE id = ?4 AND state = 'unknown' AND (?3 IS NULL OR batch_id = ?3) AND COALESCE(lease_expires_at, 0) <= {now}
 RETURNING {columns}
 
+-- name: quick_check
+PRAGMA quick_check
+
 -- name: claim_delivery_checks
 -- Accepted operations of channels ?2 (a JSON list) with a provider id, whose delivery has not settled (?3, the
 -- settled states), first sent within ?4 seconds and due: held ?1 seconds, ?5 at most.
@@ -523,6 +541,34 @@ ORDER BY updated_at DESC LIMIT ?7
 
 -- name: remember_tool_definition
 INSERT INTO upstream_tool_definitions (fingerprint, definition) VALUES (?1, ?2) ON CONFLICT DO NOTHING
+
+-- name: start_session
+-- ?1 a hash of the session id, ?2 the operator's name, ?3 how many seconds it lasts.
+INSERT INTO console_sessions (digest, name, created_at, expires_at) VALUES (?1, ?2, {now}, {now} + ?3)
+
+-- name: forget_sessions
+DELETE FROM console_sessions WHERE expires_at <= {now}
+
+-- name: find_session
+SELECT name, created_at, expires_at FROM console_sessions WHERE digest = ?1 AND expires_at > {now}
+
+-- name: end_session
+DELETE FROM console_sessions WHERE digest = ?1
+
+-- name: record_heartbeat
+-- ?1 the beat's id, ?2 who (host:pid), ?3 its role, ?4 its batch (NULL: any).
+INSERT INTO heartbeats (id, who, role, batch_id, started_at, seen_at) VALUES (?1, ?2, ?3, ?4, {now}, {now})
+ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at
+
+-- name: forget_heartbeats
+-- Those silent for ?1 seconds: their process ended without taking its row away.
+DELETE FROM heartbeats WHERE seen_at < {now} - ?1
+
+-- name: end_heartbeat
+DELETE FROM heartbeats WHERE id = ?1
+
+-- name: heartbeats
+SELECT id, who, role, batch_id, started_at, seen_at FROM heartbeats ORDER BY started_at, id
 
 -- name: tool_definitions
 SELECT fingerprint, definition FROM upstream_tool_definitions WHERE fingerprint IN (SELECT value FROM json_each(?1))
