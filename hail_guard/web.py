@@ -2,8 +2,9 @@
 
 Every session shares ONE `Proxy` (one upstream connection, one ledger). The MCP paths sit behind
 `gate.Gate` (Host/Origin 403, bearer token 401, body size 413, slow body 408, nesting 400, rate of
-tool calls and new sessions 429); Streamable HTTP sessions are capped (`[http] max_sessions`, 503
-past it) and end after `[http] session_idle_seconds` without a request. `GET /healthz` (alive),
+tool calls, new sessions and streams 429; streams open per client 429 and in all 503); Streamable HTTP
+sessions are capped (`[http] max_sessions`, 503 past it) and end after `[http] session_idle_seconds`
+without a request. `GET /healthz` (alive),
 `/readyz` (ledger writable and Hail connected, else 503 naming the part) and `/metrics`
 (Prometheus) need no token; the last two pass the Host/Origin check first. The agents' token is
 only compared, never logged, never forwarded: the upstream connection has its own credentials.
@@ -117,7 +118,16 @@ def build_http_app(
             yield
 
     mcp_paths = (MCP_PATH, SSE_PATH, MESSAGES_PATH.rstrip("/"))
-    gate = Middleware(Gate, paths=mcp_paths, probes=PROBED_PATHS, settings=settings, metrics=metrics)
+    streams = (SSE_PATH, MCP_PATH)
+    gate = Middleware(
+        Gate,
+        paths=mcp_paths,
+        probes=PROBED_PATHS,
+        streams=streams,
+        sessions=(SSE_PATH,),
+        settings=settings,
+        metrics=metrics,
+    )
     routes = [
         Route("/healthz", _healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
