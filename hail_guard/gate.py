@@ -1,7 +1,8 @@
 """The HTTP edge's checks, in order: Host and Origin, bearer token, body (size, time, depth), rate limit.
 
-    403  a Host header not allowed (loopback names, the bound address, `[http] allowed_hosts`), or a
-         browser Origin not allowed (loopback origins, `[http] allowed_origins`): DNS rebinding.
+    403  a Host header not allowed (loopback names, the bound address, `[http] allowed_hosts`; its port,
+         if any, a number up to 65535), or a browser Origin not allowed (loopback origins,
+         `[http] allowed_origins`): DNS rebinding.
          Checked on the MCP paths and on `/readyz` and `/metrics` (a rebinding page must not read
          them); `/healthz` stays open for container probes
     401  a missing or wrong `Authorization: Bearer` token (compared in constant time), with
@@ -24,6 +25,7 @@ import hmac
 import ipaddress
 import json
 import math
+import re
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,6 +43,8 @@ from hail_guard.metrics import Metrics
 log = structlog.get_logger(__name__)
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+_PORT = re.compile(r"[0-9]{1,5}")
+MAX_PORT = 65535
 _MAX_CLIENTS = 10_000
 """Rate-limit buckets kept before idle ones are forgotten."""
 
@@ -267,7 +271,10 @@ def _split_host(value: str) -> tuple[str, str]:
 
 
 def _host_matches(value: str, entries: tuple[str, ...]) -> bool:
+    """`value` (`name[:port]`) is one of `entries`; never when its port is not a port (`127.0.0.1:1@evil.com`)."""
     name, port = _split_host(value)
+    if port and not (_PORT.fullmatch(port) and int(port) <= MAX_PORT):
+        return False
     for entry in entries:
         allowed_name, allowed_port = _split_host(entry)
         if entry == "*" or (allowed_name == name and allowed_port in ("", "*", port)):
