@@ -109,6 +109,42 @@ def test_errors_are_one_clear_line_and_exit_1(
     assert message in err
 
 
+@pytest.fixture
+def logging_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A ledger in tmp_path, the built-in sandbox, the default log level (info)."""
+    path = tmp_path / "hail-guard.toml"
+    path.write_text(f'[ledger]\nurl = "sqlite:///{tmp_path / "ledger.db"}"\n[delivery]\npoll = false\n')
+    monkeypatch.setenv("HAIL_GUARD_CONFIG", str(path))
+    return path
+
+
+def test_a_command_prints_its_result_and_warnings_only_as_text_and_the_log_with_verbose(
+    logging_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They once printed 3-4 JSON log lines before their one-line result."""
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"tool": "send_email", "arguments": CONSENTED}) + "\n")
+    code, out, err = run(capsys, "batch", "plan", str(batch))
+    assert (code, json.loads(out)["counts"]) == (0, {"ready": 1})
+    assert err.splitlines() == [
+        "hail-guard: warning: no upstream configured: using the built-in sandbox; nothing real is sent"
+    ]
+    code, _, err = run(capsys, "batch", "list", "--verbose")
+    assert code == 0
+    assert "upstream_connected" not in err  # it reads the ledger only
+    code, _, err = run(capsys, "batch", "run", json.loads(out)["batch_id"], "--verbose")
+    assert {json.loads(line)["event"] for line in err.splitlines()} >= {"sandbox_upstream", "upstream_connected"}
+
+
+def test_batch_plan_on_a_missing_file_says_so_before_connecting_to_the_upstream(
+    logging_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "batch", "plan", str(tmp_path / "nosuch.jsonl"), "--verbose")
+    assert code == 1
+    assert err.splitlines()[-1] == f"hail-guard: cannot read the batch file {tmp_path / 'nosuch.jsonl'}: no such file"
+    assert "upstream_connected" not in err  # logged when it connects (--verbose shows info)
+
+
 def test_a_broken_config_is_reported_before_anything_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -242,7 +278,8 @@ def test_global_options_go_before_or_after_every_command(tmp_path: Path) -> None
 def option_help(command: argparse.ArgumentParser, option: str) -> str:
     """The help of one option as `--help` prints it (its lines up to the next option)."""
     lines = command.format_help().splitlines()
-    start = next(n for n, line in enumerate(lines) if line.strip().startswith(option))
+    after_usage = lines.index("")  # a usage that wraps can start a line with the option too
+    start = next(n for n, line in enumerate(lines) if n > after_usage and line.strip().startswith(option))
     rest = [lines[start]]
     for line in lines[start + 1 :]:
         if line.strip().startswith("-") or not line.startswith(" "):

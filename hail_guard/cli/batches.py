@@ -26,6 +26,7 @@ from hail_guard.config import Settings
 from hail_guard.errors import NotFound
 from hail_guard.models import SUPPRESSION_CHANNELS, BatchStatus, State, Suppression
 from hail_guard.recipients import normalise_recipient
+from hail_guard.server import Proxy
 from hail_guard.views import batch_view
 
 log = structlog.get_logger(__name__)
@@ -94,8 +95,14 @@ def next_command(status: BatchStatus) -> str:
 
 
 async def _batch_plan(args: argparse.Namespace, settings: Settings) -> int:
+    opened: list[Proxy] = []
+
+    def schema_of(tool: str) -> dict[str, Any] | None:
+        return opened[0].guarded_schema(tool)
+
+    sends = read_batch_file(args.file, schema_of)  # a missing file is refused before anything connects
     async with app.open_proxy(settings) as proxy:
-        sends = read_batch_file(args.file, proxy.guarded_schema)
+        opened.append(proxy)
         batch_id = await proxy.batches.plan(sends, name=args.name, actor=f"operator {getpass.getuser()}")
         status = await proxy.ledger.batch_status(batch_id)
     print(json_text({**batch_view(status), "next_step": next_command(status)}, indent=2))

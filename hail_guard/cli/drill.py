@@ -107,7 +107,7 @@ async def run_from_args(ns: argparse.Namespace, settings: Settings) -> DrillRepo
     )
     with ExitStack() as stack:
         if settings.log.level != "debug":  # the faults are deliberate: their warnings would only be noise
-            configure_logging("error")
+            configure_logging("error", text=not getattr(ns, "verbose", False))
             stack.enter_context(_quiet(*_THEIR_LOGGERS))
         bar = _Bar(stack, total=len(options.scenarios) or len(SCENARIOS), enabled=not ns.no_progress)
         return await run_drill(options, started=bar.started, finished=bar.finished)
