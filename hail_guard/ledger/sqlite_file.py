@@ -52,7 +52,9 @@ def refuse_network_filesystem(path: str, mounts_file: str = "/proc/mounts") -> N
 
 def create_private(path: str) -> None:
     """Create the ledger file 0600 (its folder 0700) unless it exists; its folder is synced, so the new name
-    survives a power cut as the commits into it do."""
+    survives a power cut as the commits into it do. A folder is refused (SQLite would say only "unable to open")."""
+    if os.path.isdir(path):
+        raise BadInput(f"the ledger {path} is a folder: name a file in it, such as {os.path.join(path, 'ledger.db')}")
     if path == ":memory:" or os.path.exists(path):
         return
     folder = os.path.dirname(os.path.abspath(path))
