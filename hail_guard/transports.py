@@ -158,4 +158,5 @@ async def _stop(process: anyio.abc.Process) -> None:
             process.kill()
         else:
             await terminate_posix_process_tree(process, EXIT_SECONDS)
-    await process.aclose()
+    with anyio.move_on_after(EXIT_SECONDS):  # a process that outlived its group's kill is left behind, not waited on
+        await process.aclose()
