@@ -166,6 +166,11 @@ class HttpSettings(_Section):
     """A request's body must arrive, whole, within this long of its headers."""
     max_connections: int = Field(default=100, ge=1)
     """Connections open at once (open SSE streams included); past it a new one is answered 503 and closed."""
+    max_streams_per_client: int = Field(default=10, ge=1)
+    """Open streams (`GET /sse`, `GET /mcp`) per client address; past it a new one gets 429."""
+    max_streams: int | None = Field(default=None, ge=1)
+    """Open streams in all (the agents' one token: the cap per token); None: half of `max_connections`,
+    so streams never hold every connection. Past it a new one gets 503."""
     max_sessions: int = Field(default=100, ge=1)
     """Live Streamable HTTP sessions; past it a new `initialize` gets 503 until one ends or expires."""
     session_idle_seconds: float = Field(default=900.0, gt=0)
@@ -187,6 +192,10 @@ class HttpSettings(_Section):
                     f"{entry!r} is not an address or a network (e.g. 10.0.0.5, 10.0.0.0/8), and * stands alone"
                 ) from None
         return entries
+
+    def stream_cap(self) -> int:
+        """Open streams allowed in all: `max_streams`, never more than `max_connections` less one."""
+        return min(self.max_streams or max(1, self.max_connections // 2), max(1, self.max_connections - 1))
 
     def bearer_token(self) -> str | None:
         """The token agents must present; None when neither the variable nor `token` gives one."""

@@ -1,7 +1,8 @@
 """The HTTP edge's checks, in order: Host and Origin, bearer token, body (size, time, depth), rate limit.
 
-    403  a Host header not allowed (loopback names, the bound address, `[http] allowed_hosts`), or a
-         browser Origin not allowed (loopback origins, `[http] allowed_origins`): DNS rebinding.
+    403  a Host header not allowed (loopback names, the bound address, `[http] allowed_hosts`; its port,
+         if any, a number up to 65535), or a browser Origin not allowed (loopback origins,
+         `[http] allowed_origins`): DNS rebinding.
          Checked on the MCP paths and on `/readyz` and `/metrics` (a rebinding page must not read
          them); `/healthz` stays open for container probes
     401  a missing or wrong `Authorization: Bearer` token (compared in constant time), with
@@ -9,8 +10,11 @@
     413  a body over `[http] max_body_bytes` (declared or streamed)
     408  a body that has not all arrived within `[http] body_timeout_seconds` (a slow client)
     400  a JSON body nesting deeper than `nesting.MAX_DEPTH`, refused before anything parses it
-    429  `tools/call` and `initialize` messages over `[http] rate_limit_per_minute` per client
-         address (the connection's, or a trusted proxy's `X-Forwarded-For`), with `Retry-After`
+    429  `tools/call` and `initialize` messages, and SSE sessions opened, over `[http] rate_limit_per_minute`
+         per client address (the connection's, or a trusted proxy's `X-Forwarded-For`), with `Retry-After`
+    429  a stream (`GET /sse`, `GET /mcp`) past `[http] max_streams_per_client` open from one client
+    503  a stream past the streams open in all (`HttpSettings.stream_cap`: with the agents' one token, the
+         cap per token), so streams never hold every connection; `/healthz` is never behind these caps
 
 Refusals are JSON-RPC error bodies, so an MCP client shows the reason. The token is never logged.
 """
@@ -21,6 +25,7 @@ import hmac
 import ipaddress
 import json
 import math
+import re
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,6 +43,8 @@ from hail_guard.metrics import Metrics
 log = structlog.get_logger(__name__)
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+_PORT = re.compile(r"[0-9]{1,5}")
+MAX_PORT = 65535
 _MAX_CLIENTS = 10_000
 """Rate-limit buckets kept before idle ones are forgotten."""
 
@@ -52,37 +59,49 @@ class Gate:
         *,
         paths: tuple[str, ...],
         probes: tuple[str, ...] = (),
+        streams: tuple[str, ...] = (),
+        sessions: tuple[str, ...] = (),
         settings: HttpSettings,
         metrics: Metrics,
     ) -> None:
+        """`streams`: the paths (exact) whose GET opens a stream that lasts as long as its connection; among
+        them, `sessions`: those whose GET starts a session too (rate-limited as an `initialize`)."""
         self.app, self.paths, self.probes, self.metrics = app, paths, probes, metrics
+        self.streams, self.sessions = streams, sessions
         self.token = settings.bearer_token()
         self.hosts, self.origins = allowed_hosts(settings), tuple(settings.allowed_origins)
         self.max_body_bytes, self.body_timeout_seconds = settings.max_body_bytes, settings.body_timeout_seconds
         self.limiter = RateLimiter(settings.rate_limit_per_minute)
+        self.open_streams = StreamCaps(settings.max_streams_per_client, settings.stream_cap())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(self.paths + self.probes):
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
+        path, client = scope["path"], _client(scope)
         headers = Headers(scope=scope)
         refusal = self._check_origin(headers)
+        stream = refusal is None and scope["method"] == "GET" and path in self.streams
         if refusal is None and path.startswith(self.paths):
             refusal = self._check_token(headers)
-            if refusal is None and scope["method"] == "POST":
+            if refusal is None and stream:
+                refusal = self._limit(client, int(path in self.sessions)) or self.open_streams.take(client)
+            elif refusal is None and scope["method"] == "POST":
                 try:
                     body = await read_body(receive, headers, self.max_body_bytes, self.body_timeout_seconds)
-                    refusal = _depth_refusal(body) or self._limit(scope, body)
+                    refusal = _depth_refusal(body) or self._limit(client, _limited_calls(body))
                     receive = _replaying(body, receive)
                 except BodyRefused as exc:
                     refusal = _refused(exc.status, exc.reason, {"Connection": "close"})
         if refusal is None:
-            await self.app(scope, receive, send)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                if stream:
+                    self.open_streams.release(client)
             return
         self.metrics.refused(refusal.status_code)
-        client = scope.get("client")
-        log.info("http_refused", status=refusal.status_code, path=path, client=client[0] if client else None)
+        log.info("http_refused", status=refusal.status_code, path=path, client=client)
         await refusal(scope, receive, send)
 
     def _check_origin(self, headers: Headers) -> Response | None:
@@ -103,15 +122,48 @@ class Gate:
             return _refused(401, "the bearer token is not valid", {"WWW-Authenticate": challenge})
         return None
 
-    def _limit(self, scope: Scope, body: bytes) -> Response | None:
-        calls = _limited_calls(body)
-        client = scope.get("client")
-        wait = self.limiter.take(client[0] if client else "unknown", calls) if calls else 0.0
+    def _limit(self, client: str, calls: int) -> Response | None:
+        wait = self.limiter.take(client, calls) if calls else 0.0
         if not wait:
             return None
         seconds = max(1, math.ceil(wait))
         message = f"rate limit: too many tool calls or new sessions from this client; retry after {seconds} s"
         return _refused(429, message, {"Retry-After": str(seconds)}, {"retry_after_seconds": seconds})
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+STREAM_RETRY_SECONDS = 5
+
+
+class StreamCaps:
+    """Streams open at once (each holds a connection for as long as it lasts), per client address and in all:
+    `take` counts one in or says why not (429 for the client, 503 in all), `release` counts it out."""
+
+    def __init__(self, per_client: int, total: int) -> None:
+        self.per_client, self.total = per_client, total
+        self.by_client: dict[str, int] = {}
+        self.count = 0
+
+    def take(self, client: str) -> Response | None:
+        retry = {"Retry-After": str(STREAM_RETRY_SECONDS), "Connection": "close"}
+        if self.by_client.get(client, 0) >= self.per_client:
+            message = f"too many open streams from this client ({self.per_client}); close one, or retry later"
+            return _refused(429, message, retry, {"retry_after_seconds": STREAM_RETRY_SECONDS})
+        if self.count >= self.total:
+            return _refused(503, f"too many open streams ({self.total}); retry later", retry)
+        self.by_client[client] = self.by_client.get(client, 0) + 1
+        self.count += 1
+        return None
+
+    def release(self, client: str) -> None:
+        self.count -= 1
+        left = self.by_client.pop(client) - 1
+        if left:
+            self.by_client[client] = left
 
 
 def _depth_refusal(body: bytes) -> Response | None:
@@ -219,7 +271,10 @@ def _split_host(value: str) -> tuple[str, str]:
 
 
 def _host_matches(value: str, entries: tuple[str, ...]) -> bool:
+    """`value` (`name[:port]`) is one of `entries`; never when its port is not a port (`127.0.0.1:1@evil.com`)."""
     name, port = _split_host(value)
+    if port and not (_PORT.fullmatch(port) and int(port) <= MAX_PORT):
+        return False
     for entry in entries:
         allowed_name, allowed_port = _split_host(entry)
         if entry == "*" or (allowed_name == name and allowed_port in ("", "*", port)):

@@ -3,8 +3,11 @@
 - Each request's headers must arrive within `[http] header_timeout_seconds` of the connection (or of
   the previous answer on it); a client that drips them is disconnected (bodies: see `gate`).
 - At most `[http] max_connections` connections are open at once (fewer when the open-file limit
-  leaves less room: logged at start); one past it is answered 503 and closed at once, so slow
-  clients cannot hold every file descriptor.
+  leaves less room: logged at start); one past it is answered 503 and closed, so slow clients cannot
+  hold every file descriptor. `PROBE_CONNECTIONS` more are kept for `GET /healthz` alone: a
+  connection among them is served if it asks for `/healthz`, else answered 503, so a full server is
+  never taken for a dead one (an orchestrator would restart it mid-send); past those, one is answered
+  503 at once.
 - `X-Forwarded-For` is believed only from `[http] trusted_proxies`; otherwise the client is the
   connection's own address (the rate limit and the logs use it).
 - `accept()` failing for want of file descriptors or memory (EMFILE...) is logged once per burst,
@@ -41,6 +44,9 @@ from hail_guard.errors import ConfigError, HailGuardError
 log = structlog.get_logger(__name__)
 
 LISTEN_BACKLOG = 128
+PROBE_CONNECTIONS = 4
+"""Connections past `[http] max_connections` kept for the health probe (`GET /healthz`) alone."""
+HEALTH_PATH = "/healthz"
 RESERVED_FILES = 32
 """File descriptors kept for everything but client connections: the ledger, its pool, the upstream, pipes."""
 BURST_SECONDS = 30.0
@@ -72,9 +78,15 @@ _TOO_MANY = _OncePerBurst("http_connections_capped", "refused connections past [
 _BUSY_BODY = json.dumps(
     {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "HTTP 503: too many connections; retry"}}
 ).encode()
-_BUSY = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 5\r\n"
-    b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+_BUSY_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"retry-after", b"5"),
+    (b"connection", b"close"),
+    (b"content-length", b"%d" % len(_BUSY_BODY)),
+]
+_BUSY = b"HTTP/1.1 503 Service Unavailable\r\n%s\r\n%s" % (
+    b"".join(b"%s: %s\r\n" % header for header in _BUSY_HEADERS),
+    _BUSY_BODY,
 )
 
 
@@ -89,9 +101,11 @@ class _BoundedH11(H11Protocol):
         super().connection_made(transport)  # type: ignore[arg-type]  # uvicorn's is typed for a Transport
         if len(self.connections) > self.max_connections:
             _TOO_MANY.happened(open=len(self.connections))
-            self.transport.write(_BUSY)
-            self.transport.close()
-            return
+            if len(self.connections) > self.max_connections + PROBE_CONNECTIONS:
+                self.transport.write(_BUSY)
+                self.transport.close()
+                return
+            self.app = _health_only(self.app)
         self._await_headers()
 
     def data_received(self, data: bytes) -> None:
@@ -126,6 +140,25 @@ class _BoundedH11(H11Protocol):
         if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
             _SLOW_HEADERS.happened(seconds=self.header_timeout_seconds)
             self.transport.close()
+
+
+def _health_only(app: ASGIApp) -> ASGIApp:
+    """`app` for `GET /healthz` alone, on a connection closed after its answer; anything else is answered 503."""
+
+    async def health_only(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != HEALTH_PATH:
+            await send({"type": "http.response.start", "status": 503, "headers": _BUSY_HEADERS})
+            await send({"type": "http.response.body", "body": _BUSY_BODY})
+            return
+
+        async def closing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        await app(scope, receive, closing)
+
+    return health_only
 
 
 def _protocol(settings: HttpSettings, cap: int) -> type[H11Protocol]:
@@ -230,8 +263,8 @@ def _config(app: ASGIApp, settings: HttpSettings) -> uvicorn.Config:
         backlog=LISTEN_BACKLOG,
         proxy_headers=bool(settings.trusted_proxies),
         forwarded_allow_ips=list(settings.trusted_proxies),
-        # The protocol closes connections past the cap; requests on the ones it keeps always pass.
-        limit_concurrency=max_connections + 1,
+        # The protocol closes connections past the cap (and its probes'); requests on the ones it keeps pass.
+        limit_concurrency=max_connections + PROBE_CONNECTIONS + 1,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_seconds),
     )
 

@@ -1,6 +1,8 @@
 """Logging: structlog to stderr (stdout belongs to the MCP protocol on stdio).
 
-JSON lines by default, console rendering when stderr is a terminal. A redaction processor
+JSON lines by default, console rendering when stderr is a terminal; or, for an operator's command
+(`configure_logging(text=True)`), one plain line per event, `hail-guard: warning: what happened (key=value)`,
+control characters escaped. A redaction processor
 masks tokens, keys and authorization values wherever they appear in an event. Records of the
 standard `logging` module (uvicorn, asyncio, the MCP SDK) go through the same rendering and
 redaction, so nothing reaches stderr as plain text.
@@ -99,8 +101,31 @@ def _route_library_logging(level: str, renderer: Any) -> None:
     logging.getLogger("hail_guard").setLevel(chosen)
 
 
-def configure_logging(level: str = "info") -> None:
-    renderer: Any = structlog.dev.ConsoleRenderer() if sys.stderr.isatty() else structlog.processors.JSONRenderer()
+def text_line(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> str:
+    """An event as one line of text for a person: its level, its message (else its name), its other fields;
+    a traceback, when there is one, on the lines after. Control characters are shown as escapes."""
+    level, name = event.pop("level", "info"), event.pop("event", "")
+    message, trace = event.pop("message", None), event.pop("exception", None)
+    for meta in ("timestamp", "logger", "logger_name"):
+        event.pop(meta, None)
+    fields = ", ".join(f"{key}={value}" for key, value in event.items() if value is not None)
+    line = _printable(f"hail-guard: {level}: {message or name}" + (f" ({fields})" if fields else ""))
+    return line if trace is None else "\n".join([line, *(_printable(part) for part in str(trace).splitlines())])
+
+
+def _printable(text: str) -> str:
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)
+
+
+def configure_logging(level: str = "info", *, text: bool = False) -> None:
+    """Logs at `level` and above on stderr: JSON lines (a terminal: console rendering), or `text_line`s."""
+    renderer: Any = (
+        text_line
+        if text
+        else structlog.dev.ConsoleRenderer()
+        if sys.stderr.isatty()
+        else structlog.processors.JSONRenderer()
+    )
     _route_library_logging(level, renderer)
     structlog.configure(
         processors=[

@@ -182,7 +182,7 @@ class Proxy:
         """One tool call, with every error of ours turned into a clear MCP result; observed."""
         started, outcome = time.monotonic(), "cancelled"
         try:
-            with structlog.contextvars.bound_contextvars(tool=name):
+            with structlog.contextvars.bound_contextvars(tool=_label(name)):
                 answered = await self._answer(name, arguments, progress)
             outcome = answered.outcome
             return answered.result
@@ -198,9 +198,11 @@ class Proxy:
         except Exception as exc:  # the per-call boundary: every error becomes an answer; cancellation passes
             failure = policy.failure_of(exc)
             if failure.crashed:
-                log.exception("call_crashed", tool=name)
+                log.exception("call_crashed", tool=_label(name))
             elif failure.logged:
-                log.error("call_failed", tool=name, error=str(exc))  # the operator's detail; the agent's may be generic
+                log.error(
+                    "call_failed", tool=_label(name), error=str(exc)
+                )  # the operator's detail; the agent's may be generic
             return Answered(views.error_result(failure.message, failure.details), "error")
 
     async def _route(self, name: str) -> Route:
@@ -209,7 +211,7 @@ class Proxy:
             await self.refresh_tools()
             route = self.routes().get(name)
         if route is None:
-            raise BadInput(f"unknown tool {name!r}; list the tools to see what hail-guard offers")
+            raise BadInput(f"unknown tool {_quoted(name)}; list the tools to see what hail-guard offers")
         return route
 
     async def _own(self, entry: OwnTool, name: str, arguments: dict[str, Any], progress: Progress | None) -> Answered:
@@ -235,6 +237,21 @@ class Proxy:
                 f"the upstream changed {name} (its description or schema) since it was accepted; nothing was "
                 f"sent. An operator reviews the change and runs `hail-guard upstream accept {name}`"
             )
+
+
+MAX_SHOWN_NAME = 64
+"""Characters of a tool name an answer or a log repeats: an agent's name is text from outside."""
+
+
+def _quoted(name: str) -> str:
+    """`name` as an answer quotes it: escaped, at most `MAX_SHOWN_NAME` characters of it."""
+    cut = f" (cut from {len(name)} characters)" if len(name) > MAX_SHOWN_NAME else ""
+    return repr(name[:MAX_SHOWN_NAME]) + cut
+
+
+def _label(name: str) -> str:
+    """`name` as a log names the call: itself when short and printable, else quoted."""
+    return name if len(name) <= MAX_SHOWN_NAME and name.isprintable() else _quoted(name)
 
 
 def _plain(result: types.CallToolResult) -> Answered:

@@ -22,6 +22,7 @@ connect kill the connection and reports only "Connection closed"; `_NotSentTrans
 With `Credentials` (a sign-in, `hail_guard.oauth`) the same transport asks them for the bearer token of
 each request and, after a 401 (Hail refused it unread), for another, then sends the request once more.
 Cancellation is never caught: the SDK then sends `notifications/cancelled` upstream.
+Every answer is read up to one cap, on every transport (`transports`): a larger one is lost, never kept.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
 
 from hail_guard.errors import ConfigError, SignInRequired, UpstreamError, UpstreamLost, UpstreamUnavailable
+from hail_guard.transports import MAX_ANSWER_BYTES, CappedBody, capped_stdio
 from hail_guard.urls import masked, parse_url
 
 log = structlog.get_logger(__name__)
@@ -227,6 +229,8 @@ class _NotSentTransport(httpx2.AsyncBaseTransport):
         status = response.status_code
         if _is_event_stream(request, response) and isinstance(response.stream, httpx2.AsyncByteStream):
             response.stream = _ReadToTheEnd(response.stream)
+        elif _is_json(response) and isinstance(response.stream, httpx2.AsyncByteStream):
+            response.stream = CappedBody(response.stream)
         if status in (401, 403):
             reason = "auth"
         elif status == 404 and "mcp-session-id" in request.headers:  # the spec: an unknown session, not processed
@@ -248,6 +252,11 @@ class _NotSentTransport(httpx2.AsyncBaseTransport):
 def _is_event_stream(request: httpx2.Request, response: httpx2.Response) -> bool:
     """A call's answer as an event stream (a POST's), not the session's standing GET stream."""
     return request.method == "POST" and response.headers.get("content-type", "").startswith("text/event-stream")
+
+
+def _is_json(response: httpx2.Response) -> bool:
+    """A JSON answer: read up to `transports.MAX_ANSWER_BYTES` (events are capped by the SDK's reader)."""
+    return response.headers.get("content-type", "").lower().startswith("application/json")
 
 
 class _ReadToTheEnd(httpx2.AsyncByteStream):
@@ -444,7 +453,9 @@ class Upstream:
             return target.server
         if target.kind == "stdio":
             env = {target.token_env: target.token} if target.token else None  # in the variable it came from
-            return StdioServerParameters(command=target.command[0], args=list(target.command[1:]), env=env)
+            return capped_stdio(
+                StdioServerParameters(command=target.command[0], args=list(target.command[1:]), env=env)
+            )
         headers = dict(target.headers) | ({"Authorization": f"Bearer {target.token}"} if target.token else {})
         if target.kind == "sse":
             return sse_client(target.url or "", headers=headers, timeout=self._connect_timeout)
@@ -456,7 +467,7 @@ class Upstream:
     ) -> AsyncIterator[Any]:
         timeout = httpx2.Timeout(self._connect_timeout, read=max(HTTP_READ_SECONDS, self._timeout + 30))
         http = httpx2.AsyncClient(headers=headers, timeout=timeout, transport=_NotSentTransport(credentials))
-        async with http, streamable_http_client(url, http_client=http) as streams:
+        async with http, streamable_http_client(url, http_client=http, max_sse_event_size=MAX_ANSWER_BYTES) as streams:
             yield streams
 
 

@@ -61,9 +61,11 @@ def display_url(url: str) -> str:
 
 
 def masked(text: str, secrets: Collection[str]) -> str:
-    """`text` with every secret (`UrlParts.secrets`, a token) shown as `***`, the longest first."""
-    for secret in sorted(secrets, key=len, reverse=True):
-        text = text.replace(secret, "***")
+    """`text` with every secret (`UrlParts.secrets`, a token) shown as `***` where it stands whole, the longest
+    first: as a part of a URL (`user:SECRET@`, `?password=SECRET`) or a value of its own, never inside a word.
+    So a password `p` hides `hg:p@` and `password=p`, and leaves `postgres` and `port` as they are."""
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        text = re.sub(rf"(?<![^\W_]){re.escape(secret)}(?![^\W_])", "***", text)
     return text
 
 

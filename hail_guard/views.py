@@ -17,6 +17,8 @@ from mcp import types
 from hail_guard import policy
 from hail_guard.models import BatchStatus, DeliveryEvent, Operation, State
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+"""What a spreadsheet reads as the start of a formula (OWASP's list): a CSV cell beginning so is shown as text."""
 SECRET_ARGUMENTS = frozenset({"api_key", "apikey", "access_token", "token", "secret", "client_secret", "password"})
 """Argument names (at any depth) whose values are shown `[redacted]`: `place_call`'s `llm.api_key`, for one."""
 REDACTED = "[redacted]"
@@ -101,6 +103,16 @@ def _batch_step(status: BatchStatus) -> str:
     if status.counts.get(State.READY) or status.unresolved:
         return "run_batch sends what is ready; unresolved sends are settled by reconcile or a human"
     return "nothing left to send"
+
+
+def csv_cell(value: Any) -> str:
+    """A value as a CSV cell that a spreadsheet shows as text, never runs (`ops export`, the console's export):
+    a list joined by `;`, None empty, and a cell that begins like a formula prefixed with `'` (OWASP's way), so
+    a key, metadata or recipient such as `=HYPERLINK(...)` or `+15550100` opens as the text it is."""
+    if value is None:
+        return ""
+    text = ";".join(str(item) for item in value) if isinstance(value, list | tuple) else str(value)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
 def data_result(data: Mapping[str, Any]) -> types.CallToolResult:

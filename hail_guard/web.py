@@ -2,15 +2,17 @@
 
 Every session shares ONE `Proxy` (one upstream connection, one ledger). The MCP paths sit behind
 `gate.Gate` (Host/Origin 403, bearer token 401, body size 413, slow body 408, nesting 400, rate of
-tool calls and new sessions 429); Streamable HTTP sessions are capped (`[http] max_sessions`, 503
-past it) and end after `[http] session_idle_seconds` without a request. `GET /healthz` (alive),
+tool calls, new sessions and streams 429; streams open per client 429 and in all 503); Streamable HTTP
+sessions are capped (`[http] max_sessions`, 503 past it) and end after `[http] session_idle_seconds`
+without a request. `GET /healthz` (alive),
 `/readyz` (ledger writable and Hail connected, else 503 naming the part) and `/metrics`
 (Prometheus) need no token; the last two pass the Host/Origin check first. The agents' token is
 only compared, never logged, never forwarded: the upstream connection has its own credentials.
 `POST /webhooks/hail` takes Hail's webhooks: not behind the agents' token, each request is signed
 with Hail's secret (`webhooks`); 401 for a forged, stale or replayed one, 413 over the body size
 cap, 408 for a slow body, 400 for one nested too deep, 503 when no secret is configured or the
-ledger cannot record it (Hail retries), else 200 with what it did.
+ledger cannot record it (Hail retries), 422 for an SMS opt-out whose sender cannot be read (kept for
+review, logged as an error: nobody could be suppressed), else 200 with what it did.
 
     await tg.start(serve_http, settings)          # -> "http://127.0.0.1:8765/" once listening
 
@@ -117,7 +119,16 @@ def build_http_app(
             yield
 
     mcp_paths = (MCP_PATH, SSE_PATH, MESSAGES_PATH.rstrip("/"))
-    gate = Middleware(Gate, paths=mcp_paths, probes=PROBED_PATHS, settings=settings, metrics=metrics)
+    streams = (SSE_PATH, MCP_PATH)
+    gate = Middleware(
+        Gate,
+        paths=mcp_paths,
+        probes=PROBED_PATHS,
+        streams=streams,
+        sessions=(SSE_PATH,),
+        settings=settings,
+        metrics=metrics,
+    )
     routes = [
         Route("/healthz", _healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
@@ -146,6 +157,16 @@ def _webhook_endpoint(proxy: Proxy, http: HttpSettings, hooks: WebhookSettings, 
         headers = {"Connection": "close"} if close else None  # the rest of the body is not read
         return JSONResponse({"status": outcome, "message": message}, status_code=status, headers=headers)
 
+    async def kept_for_review(refused: webhooks.UnreadableOptOut) -> Response:
+        """An opt-out nobody can be suppressed by: kept (without it), logged as an error, refused (422)."""
+        try:
+            await proxy.ledger.record_webhook(refused.webhook)
+        except HailGuardError as exc:
+            log.error("webhook_not_recorded", error=str(exc))
+            return answer(503, "unrecorded", "the ledger could not record it; retry later")
+        log.error("webhook_opt_out_unreadable", delivery_id=refused.webhook.delivery_id, reason=str(refused))
+        return answer(refused.status, "refused", str(refused))
+
     async def receive(request: Request) -> Response:
         secret = hooks.secret()
         if secret is None:
@@ -159,6 +180,8 @@ def _webhook_endpoint(proxy: Proxy, http: HttpSettings, hooks: WebhookSettings, 
                 secret, body, request.headers, now=time.time(), tolerance_seconds=hooks.tolerance_seconds
             )
             outcome = await proxy.ledger.record_webhook(hook)
+        except webhooks.UnreadableOptOut as exc:
+            return await kept_for_review(exc)
         except WebhookRefused as exc:
             log.warning("webhook_refused", status=exc.status, reason=str(exc))
             return answer(exc.status, "refused", str(exc))

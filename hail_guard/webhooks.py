@@ -21,7 +21,9 @@ The body accepted (Hail's exact payload is not in our documents; extra fields ar
   yet (a send whose answer was lost is `unknown`, its id not known), the event is kept (`parked`) and
   applied when reconcile, a late answer or an operator's decision records the id;
 - `sms.received` with `data.from` (or `from_number`) and `data.body`: a body that is an opt-out
-  word (`delivery.OPT_OUT_WORDS`) suppresses the sender on SMS;
+  word (`delivery.OPT_OUT_WORDS`) suppresses the sender on SMS, in the one normal form
+  (`recipients`). A sender that is not a phone number in it is refused loudly (`UnreadableOptOut`,
+  422): the webhook is kept, without the opt-out, for an operator to review;
 - anything else is recorded and ignored.
 The event's time is `data.occurred_at`, else `occurred_at` or `created_at` at the top level.
 """
@@ -38,11 +40,22 @@ from typing import Any, Final
 from hail_guard import delivery, nesting
 from hail_guard.errors import WebhookRefused
 from hail_guard.models import DeliveryObservation, Suppression, Webhook
+from hail_guard.recipients import BadRecipient, normalise_recipient
 
 SIGNATURE_HEADER: Final = "x-hail-signature"
 DELIVERY_HEADER: Final = "x-hail-delivery"
 MAX_DELIVERY_ID_LENGTH: Final = 200
 _SENDER_FIELDS: Final = ("from", "from_number", "from_")
+
+
+class UnreadableOptOut(WebhookRefused):
+    """An SMS opt-out from a sender that is not a phone number hail-guard can read, so nobody can be suppressed:
+    refused (422, so that Hail shows it failed and retries it), and `webhook` (the same, without the opt-out) is
+    to be kept for an operator to review."""
+
+    def __init__(self, message: str, webhook: Webhook) -> None:
+        super().__init__(message, status=422)
+        self.webhook = webhook
 
 
 def sign(secret: str, body: bytes, timestamp: int) -> str:
@@ -94,15 +107,26 @@ def parse(body: bytes, *, delivery_id: str, signature: str) -> Webhook:
         observation = DeliveryObservation(
             state=state, occurred_at=_occurred_at(payload, data), source="webhook", detail=delivery_id
         )
-    return Webhook(
+    hook = Webhook(
         delivery_id=delivery_id,
         signature=signature,
         event_type=event_type,
         provider_id=provider_id,
         payload=body.decode("utf-8", errors="replace"),
         observation=observation,
-        opt_out=_opt_out(data, delivery_id) if event_type == delivery.SMS_RECEIVED else None,
     )
+    if event_type != delivery.SMS_RECEIVED:
+        return hook
+    try:
+        return hook.model_copy(update={"opt_out": _opt_out(data, delivery_id)})
+    except BadRecipient as exc:
+        word = delivery.opt_out_word(data.get("body"))
+        raise UnreadableOptOut(
+            f'an SMS opt-out ("{word}") whose sender cannot be read, so nobody was suppressed: {exc}. The webhook is '
+            "kept for review: find the number and add it with "
+            '`hail-guard suppress add NUMBER --channel sms --reason "replied STOP by SMS"`',
+            hook,
+        ) from None
 
 
 def _digest(secret: str, timestamp: str, body: bytes) -> str:
@@ -130,7 +154,7 @@ def _opt_out(data: Mapping[str, Any], delivery_id: str) -> Suppression | None:
     if word is None or not senders:
         return None
     return Suppression(
-        recipient=senders[0],
+        recipient=normalise_recipient(senders[0], "sms"),
         channel="sms",
         reason=f'replied "{word}" by SMS',
         source=f"hail webhook sms.received {delivery_id}",

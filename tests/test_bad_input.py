@@ -20,12 +20,12 @@ import anyio
 import anyio.abc
 import httpx2
 import pytest
-import structlog
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import types
+from structlog.testing import capture_logs
 
 from hail_guard.models import State
 from hail_guard.server import Proxy
@@ -262,6 +262,17 @@ async def test_an_integer_too_long_to_print_is_refused_not_a_crash(tmp_path: Pat
         assert result.is_error
 
 
+@pytest.mark.parametrize("name", ["x" * 100_000, "evil\x1b]8;;http://x\x07\u202ename"], ids=["100 KB", "escapes"])
+async def test_an_unknown_tool_name_is_answered_cut_and_escaped(tmp_path: Path, name: str) -> None:
+    async with open_harness(tmp_path) as harness:
+        answer = await harness.call(name, {})
+    said = text(answer)
+    assert answer.is_error
+    assert said.startswith("unknown tool '")
+    assert len(said) < 200  # 100 KB in, a line out
+    assert all(character.isprintable() for character in said)  # an escape, a bidi override: shown as escapes
+
+
 async def test_bad_arguments_through_a_real_mcp_client_get_a_clear_answer(tmp_path: Path) -> None:
     async with open_review_harness(tmp_path) as harness, harness.client() as client:
         calls = st.sampled_from(EVERY_TOOL).flatmap(
@@ -453,7 +464,7 @@ async def test_tool_arguments_nested_too_deep_are_refused_clearly_and_record_not
 async def test_a_spoofed_x_forwarded_for_does_not_escape_the_rate_limit(tmp_path: Path) -> None:
     """60 calls, each claiming another client address, at a limit of 30: the real peer's bucket counts them all."""
     async with running(tmp_path, http=http_settings(rate_limit_per_minute=30)) as web:
-        with structlog.testing.capture_logs() as logs:
+        with capture_logs() as logs:
             statuses = await spoofed_calls(web.url, 60)
     assert statuses.count(429) == 31  # `initialize` took one of the 30
     refusals = [entry for entry in logs if entry["event"] == "http_refused"]

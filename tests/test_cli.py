@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ import pytest
 
 from hail_guard.cli import main
 from hail_guard.cli import parser as cli_parser
+from hail_guard.cli.clients import TOKEN_PLACEHOLDER
+from tests.test_upstream import ECHO_SERVER
 
 CONSENTED = {
     "to": ["lead@example.com"],
@@ -81,8 +84,12 @@ def test_opt_outs_from_the_command_line(config: Path, capsys: pytest.CaptureFixt
     assert (code, out.strip()) == (0, "suppressed lead@example.com on all; cancelled 0 send(s)")
     code, out, _ = run(capsys, "suppress", "list", "--json")
     assert json.loads(out)["reason"] == "asked by phone"
-    assert run(capsys, "suppress", "remove", "lead@example.com")[0] == 0
-    code, _, err = run(capsys, "suppress", "remove", "lead@example.com")
+    with pytest.raises(SystemExit) as usage:  # as in the console, taking one back needs a reason
+        main(["suppress", "remove", "lead@example.com"])
+    assert (usage.value.code, "--reason" in capsys.readouterr().err) == (2, True)
+    code, out, _ = run(capsys, "suppress", "remove", "lead@example.com", "--reason", "asked to hear again")
+    assert (code, out.strip()) == (0, "removed the opt-out of lead@example.com on all (asked to hear again)")
+    code, _, err = run(capsys, "suppress", "remove", "lead@example.com", "--reason", "again")
     assert code == 1
     assert "has no opt-out" in err
 
@@ -107,6 +114,42 @@ def test_errors_are_one_clear_line_and_exit_1(
     code, _, err = run(capsys, *argv)
     assert code == 1
     assert message in err
+
+
+@pytest.fixture
+def logging_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A ledger in tmp_path, the built-in sandbox, the default log level (info)."""
+    path = tmp_path / "hail-guard.toml"
+    path.write_text(f'[ledger]\nurl = "sqlite:///{tmp_path / "ledger.db"}"\n[delivery]\npoll = false\n')
+    monkeypatch.setenv("HAIL_GUARD_CONFIG", str(path))
+    return path
+
+
+def test_a_command_prints_its_result_and_warnings_only_as_text_and_the_log_with_verbose(
+    logging_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They once printed 3-4 JSON log lines before their one-line result."""
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"tool": "send_email", "arguments": CONSENTED}) + "\n")
+    code, out, err = run(capsys, "batch", "plan", str(batch))
+    assert (code, json.loads(out)["counts"]) == (0, {"ready": 1})
+    assert err.splitlines() == [
+        "hail-guard: warning: no upstream configured: using the built-in sandbox; nothing real is sent"
+    ]
+    code, _, err = run(capsys, "batch", "list", "--verbose")
+    assert code == 0
+    assert "upstream_connected" not in err  # it reads the ledger only
+    code, _, err = run(capsys, "batch", "run", json.loads(out)["batch_id"], "--verbose")
+    assert {json.loads(line)["event"] for line in err.splitlines()} >= {"sandbox_upstream", "upstream_connected"}
+
+
+def test_batch_plan_on_a_missing_file_says_so_before_connecting_to_the_upstream(
+    logging_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "batch", "plan", str(tmp_path / "nosuch.jsonl"), "--verbose")
+    assert code == 1
+    assert err.splitlines()[-1] == f"hail-guard: cannot read the batch file {tmp_path / 'nosuch.jsonl'}: no such file"
+    assert "upstream_connected" not in err  # logged when it connects (--verbose shows info)
 
 
 def test_a_broken_config_is_reported_before_anything_runs(
@@ -242,7 +285,8 @@ def test_global_options_go_before_or_after_every_command(tmp_path: Path) -> None
 def option_help(command: argparse.ArgumentParser, option: str) -> str:
     """The help of one option as `--help` prints it (its lines up to the next option)."""
     lines = command.format_help().splitlines()
-    start = next(n for n, line in enumerate(lines) if line.strip().startswith(option))
+    after_usage = lines.index("")  # a usage that wraps can start a line with the option too
+    start = next(n for n, line in enumerate(lines) if n > after_usage and line.strip().startswith(option))
     rest = [lines[start]]
     for line in lines[start + 1 :]:
         if line.strip().startswith("-") or not line.startswith(" "):
@@ -446,3 +490,84 @@ def test_a_url_without_a_token_or_a_sign_in_is_warned_of_naming_the_variable(
     TokenStore(url, folder).forget()
     monkeypatch.setenv("HAIL_API_KEY", "a-key")
     assert credentials_warning(settings) is None
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def test_status_notices_the_placeholder_client_config_writes(
+    config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HAIL_GUARD_UPSTREAM_URL", f"http://127.0.0.1:{closed_port()}/mcp")
+    monkeypatch.setenv("HAIL_API_KEY", TOKEN_PLACEHOLDER)
+    code, out, _ = run(capsys, "status", "--json")
+    [warning] = json.loads(out)["warnings"]
+    assert code == 0
+    assert warning.startswith(f"HAIL_API_KEY holds {TOKEN_PLACEHOLDER}, the placeholder")
+    assert "put your Hail key there" in warning
+
+
+def test_status_says_whether_the_upstream_answers_and_never_fails_for_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "hail-guard.toml"
+    echo = json.dumps([sys.executable, str(ECHO_SERVER)])
+    path.write_text(f'[ledger]\nurl = "sqlite:///{tmp_path / "ledger.db"}"\n[upstream]\ncommand = {echo}\n')
+    monkeypatch.setenv("HAIL_GUARD_CONFIG", str(path))
+    code, out, _ = run(capsys, "status")
+    assert (code, "upstream answers: yes: it lists 3 tool(s)" in out) == (0, True)
+    monkeypatch.setenv("HAIL_GUARD_UPSTREAM_URL", f"http://127.0.0.1:{closed_port()}/mcp")
+    code, out, _ = run(capsys, "status", "--json")
+    answered = json.loads(out)["upstream_answers"]
+    assert (code, answered["answers"]) == (0, False)
+    assert "is not reachable" in answered["detail"]
+    assert json.loads(run(capsys, "status", "--json")[1])["operations"] == {}  # the rest is reported all the same
+
+
+def test_a_folder_given_as_the_ledger_is_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It once printed a good error, then a traceback from the SQLite driver's thread."""
+    monkeypatch.delenv("HAIL_GUARD_CONFIG", raising=False)
+    monkeypatch.setenv("HAIL_GUARD_LEDGER_URL", str(tmp_path))
+    for argv in (("status",), ("ops", "list"), ("migrate",)):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (1, "")
+        assert err.splitlines() == [
+            f"hail-guard: the ledger {tmp_path} is a folder: name a file in it, such as {tmp_path / 'ledger.db'}"
+        ]
+
+
+def test_upstream_accept_of_a_tool_never_listed_fails_naming_it_and_the_known_ones(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"tool": "send_email", "arguments": CONSENTED}) + "\n")
+    assert run(capsys, "batch", "plan", str(batch))[0] == 0  # the proxy records the tools it sees
+    code, out, err = run(capsys, "upstream", "accept", "send_email", "nosuchtool")
+    assert (code, out) == (1, "")
+    assert "no upstream tool named 'nosuchtool'; nothing was accepted" in err
+    assert "send_email" in err.split("as last seen:")[1]
+    assert run(capsys, "upstream", "accept", "send_email")[0:2] == (0, "accepted 0 changed tool(s): none\n")
+
+
+def test_batch_cancel_cancels_what_was_not_sent_with_the_reason(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"tool": "send_email", "arguments": CONSENTED}) + "\n")
+    batch_id = json.loads(run(capsys, "batch", "plan", str(batch))[1])["batch_id"]
+    code, out, _ = run(capsys, "batch", "cancel", batch_id, "--reason", "the wrong list")
+    assert (code, out.splitlines()[0]) == (
+        0,
+        f"cancelled 1 unsent send(s) of {batch_id}; see `hail-guard batch status {batch_id}`",
+    )
+    shown = json.loads(run(capsys, "ops", "show", "c:l1:email:intro", "--json")[1])
+    assert shown["state"] == "cancelled"
+    assert shown["cancel_reason"].endswith(": the wrong list")
+    assert run(capsys, "batch", "cancel", "batch-nosuch", "--reason", "x")[0] == 1
+    assert not (tmp_path / "outbox.jsonl").exists()

@@ -305,6 +305,20 @@ async def test_a_search_exports_as_csv_and_json_lines(tmp_path: Path) -> None:
         assert [json.loads(line)["state"] for line in lines] == ["accepted"]
 
 
+async def test_a_csv_export_shows_formula_like_cells_as_text(tmp_path: Path) -> None:
+    async with open_harness(tmp_path) as harness, console_client(console_site(harness)) as client:
+        metadata = {"campaign_id": "+c9", "lead_id": "@l1", "message_id": "m"}
+        sent = await harness.call(
+            "send_email", email(to=["-x@example.com"], idempotency_key="=cmd|'/C:calc'!A0", metadata=metadata)
+        )
+        assert not sent.is_error, sent
+        await signed_in(client)
+        [row] = list(csv.DictReader(io.StringIO((await client.get("/console/operations/export.csv")).text)))
+        assert row["idempotency_key"] == "'=cmd|'/C:calc'!A0"
+        assert row["recipients"] == "'-x@example.com"
+        assert row["state"] == "accepted"
+
+
 @pytest.mark.parametrize(
     ("query", "said"),
     [("state=sent", "choose one of planned, ready"), ("since=yesterday", "is not a date: give one such as 2026-12-01")],

@@ -23,6 +23,7 @@ from hail_guard.batch import Batches
 from hail_guard.cli import drill as command_line
 from hail_guard.config import Settings
 from hail_guard.drill import DrillOptions, DrillReport, Scenario, run_drill
+from hail_guard.drill.report import ScenarioResult, Tally
 from hail_guard.errors import BadInput, ConfigError
 from hail_guard.guard import Guard, SendReport
 from hail_guard.ledger import sql
@@ -60,12 +61,42 @@ async def test_the_command_with_the_default_leads_prints_a_table_and_exits_0(
     code = await command_line.drill_command(command("--seed", "42"), Settings())
     out = capsys.readouterr().out
     assert code == command_line.EXIT_OK
-    assert re.search(r"│ unknown -> reconcile -> accepted +│ unguarded: 2 sent, guarded: 1 sent +│ holds", out)
-    assert "unguarded: 101 sent, guarded: 100 sent" in out  # the batch that dies and is resumed
+    assert re.search(r"│ 2 +│ Hail hangs after acceptance \(timeout\) +│ 2 -> 1 +│ 2 -> 1 +│ holds", out)
+    assert re.search(r"│ 3 +│ a batch dies .* +│ 101 -> 100 +│ 2 -> 1 +│ holds", out)  # dies, and is resumed
+    assert re.search(
+        r" 2\. faults: Hail accepts, then never answers .*\n +the agent saw: unknown -> reconcile -> accepted", out
+    )
     assert "All 13 scenarios hold: nobody got a message twice and nothing was lost" in out
     assert "seed 42, 100 leads, 2 workers" in out
     assert "workers claim" in out
     assert "FAILS" not in out
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_the_report_fits_the_terminal_and_shows_the_most_any_one_lead_got(
+    width: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its table had no per-recipient column and, with long texts, went past the terminal's edge."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    failed = ScenarioResult(
+        number=3,
+        name="a batch dies at ~40% and is resumed",
+        faults="Hail drops the connection after accepting send 37 of 100; the run dies (37 sent) and a new one resumes",
+        expected=100,
+        sent=101,
+        most_to_one=2,
+        failed_check="drill-4f2a9c1e:lead-00092@drill-run-4f2a9c1e.example.com got 2 messages",
+        seconds=1.0,
+        without_guard=Tally(sent=101, most_to_one=2),
+        agent_saw=("plan_batch: ready 100", "run_batch: cut off", "batch_status: accepted 36, ready 58, unknown 6"),
+    )
+    command_line.print_report(DrillReport(DrillOptions(seed=1, leads=100, workers=2), [failed], seconds=1.0))
+    *lines, summary = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert re.search(r"│ 3 +│ a batch .*│ 101 -> 101 +│ 2 -> 2 +│ FAILS", "\n".join(lines))
+    words = " ".join(" ".join(lines).split())  # the details wrap between words
+    assert "FAILS: drill-4f2a9c1e:lead-00092@drill-run-4f2a9c1e.example.com got 2 messages" in words
+    assert summary.startswith("1 of 1 scenarios FAIL (3;")  # one line, for grep
 
 
 async def test_every_scenario_holds_on_a_small_batch_and_the_json_parses(capsys: pytest.CaptureFixture[str]) -> None:
@@ -86,12 +117,15 @@ async def test_every_scenario_holds_on_a_small_batch_and_the_json_parses(capsys:
         "faults",
         "expected",
         "sent",
+        "most_to_one",
         "without_guard",
         "agent_saw",
         "verdict",
         "failed_check",
         "seconds",
     }
+    assert {s["number"]: s["most_to_one"] for s in report["scenarios"]} == {n: 0 if n == 7 else 1 for n in range(1, 14)}
+    assert report["scenarios"][4]["without_guard"]["most_to_one"] == 3  # 3 workers without a shared ledger
     unguarded = {s["number"]: s["without_guard"]["sent"] for s in report["scenarios"]}
     assert unguarded == {
         **{1: 2, 2: 2, 3: SMALL + 1, 4: 2, 5: 3 * SMALL, 6: SMALL, 7: 1, 8: 2, 9: 2, 10: 2, 11: 2, 12: 2},
@@ -386,7 +420,7 @@ async def test_the_drill_runs_through_a_spawned_serve_over_stdio_and_keeps_what_
     assert "All 13 scenarios hold" in out
     assert "over stdio" in out
     assert f"kept in {keep}" in out
-    assert re.search(r"│ unknown -> reconcile -> accepted +│ unguarded: 2 sent, guarded: 1 sent +│ holds", out)
+    assert re.search(r"│ 2 +│ Hail hangs after acceptance \(timeout\) +│ 2 -> 1 +│ 2 -> 1 +│ holds", out)
     outbox = [json.loads(line) for line in (keep / "scenario-01-outbox.jsonl").read_text().splitlines()]
     unguarded = (keep / "scenario-01-unguarded-outbox.jsonl").read_text().splitlines()
     assert (len(outbox), len(unguarded)) == (1, 2)

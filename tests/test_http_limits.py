@@ -16,6 +16,7 @@ import pytest
 
 from hail_guard.config import HttpSettings
 from hail_guard.errors import ConfigError
+from hail_guard.listener import PROBE_CONNECTIONS
 from hail_guard.web import serve_http
 from tests.test_bad_input import port_of, receive_all
 from tests.test_web import INITIALIZE, MCP_HEADERS, TOKEN, http_settings, running, settings_in
@@ -30,6 +31,8 @@ async def test_a_connection_past_the_cap_is_answered_503_and_closed_while_the_ot
         port = port_of(web.url)
         async with AsyncExitStack() as held:
             held_open = [await held.enter_async_context(await anyio.connect_tcp("127.0.0.1", port)) for _ in "abc"]
+            for _ in range(PROBE_CONNECTIONS):  # kept for the health probe: they wait for a request
+                await held.enter_async_context(await anyio.connect_tcp("127.0.0.1", port))
             async with await anyio.connect_tcp("127.0.0.1", port) as one_too_many:
                 with anyio.fail_after(10):
                     refused = await receive_all(one_too_many)
@@ -40,6 +43,91 @@ async def test_a_connection_past_the_cap_is_answered_503_and_closed_while_the_ot
     assert refused.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
     assert b"too many connections" in refused
     assert served.startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+async def test_health_is_answered_when_every_connection_is_taken_and_nothing_else_is(tmp_path: Path) -> None:
+    async with running(tmp_path, http=http_settings(max_connections=2)) as web, AsyncExitStack() as held:
+        port = port_of(web.url)
+        for _ in "ab":
+            await held.enter_async_context(await anyio.connect_tcp("127.0.0.1", port))
+        with anyio.fail_after(10):
+            health = [await asked(port, "GET /healthz") for _ in range(PROBE_CONNECTIONS + 1)]
+            other = await asked(port, f"POST /mcp HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 0")
+    assert all(answer.startswith(b"HTTP/1.1 200 OK\r\n") for answer in health)
+    assert all(b"connection: close" in answer.lower() for answer in health)  # nothing lingers on a probe's place
+    assert other.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+    assert b"too many connections" in other
+
+
+async def asked(port: int, request: str) -> bytes:
+    """Everything answered to one request (`METHOD /path` and any headers) on a connection of its own."""
+    if "HTTP/1.1" not in request:
+        request += " HTTP/1.1"
+    async with await anyio.connect_tcp("127.0.0.1", port) as connection:
+        await connection.send(f"{request}\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        return await receive_all(connection)
+
+
+async def open_stream(held: AsyncExitStack, port: int, path: str = "/sse", **headers: str) -> bytes:
+    """`GET path` (with `headers`, `_` for `-`) on a connection kept open in `held`; the answer's status line."""
+    connection = await held.enter_async_context(await anyio.connect_tcp("127.0.0.1", port))
+    extra = "".join(f"{name.replace('_', '-')}: {value}\r\n" for name, value in headers.items())
+    await connection.send(
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Accept: text/event-stream\r\n{extra}\r\n".encode()
+    )
+    with anyio.fail_after(10):
+        return (await connection.receive()).partition(b"\r\n")[0]
+
+
+async def session_id(url: str) -> str:
+    """A new Streamable HTTP session's id."""
+    async with httpx2.AsyncClient(timeout=10) as http:
+        headers = {**MCP_HEADERS, "Authorization": f"Bearer {TOKEN}"}
+        answer = await http.post(f"{url}mcp", json=INITIALIZE, headers=headers)
+    return answer.headers["mcp-session-id"]
+
+
+async def still_served(url: str) -> dict[str, int]:
+    """The status of `/healthz`, a new MCP session and the console, each on a new connection."""
+    headers = {**MCP_HEADERS, "Authorization": f"Bearer {TOKEN}"}
+    async with httpx2.AsyncClient(timeout=10) as http:
+        return {
+            "healthz": (await http.get(f"{url}healthz")).status_code,
+            "mcp": (await http.post(f"{url}mcp", json=INITIALIZE, headers=headers)).status_code,
+            "console": (await http.get(f"{url}console/login")).status_code,
+        }
+
+
+async def test_streams_past_a_clients_cap_get_429_and_everything_else_is_still_served(tmp_path: Path) -> None:
+    http = http_settings(max_connections=8, max_streams_per_client=2)
+    async with running(tmp_path, http=http) as web, AsyncExitStack() as held:
+        session = await session_id(web.url)
+        port = port_of(web.url)
+        opened = [await open_stream(held, port), await open_stream(held, port, "/mcp", mcp_session_id=session)]
+        opened.append(await open_stream(held, port))
+        served = await still_served(web.url)
+    assert opened == [b"HTTP/1.1 200 OK"] * 2 + [b"HTTP/1.1 429 Too Many Requests"]
+    assert served == {"healthz": 200, "mcp": 200, "console": 200}
+
+
+async def test_streams_never_take_every_connection_whoever_opens_them(tmp_path: Path) -> None:
+    """100 streams once held all 100 connections: `/mcp`, `/console` and `/healthz` answered 503."""
+    http = http_settings(max_connections=6, trusted_proxies=["127.0.0.1"])
+    async with running(tmp_path, http=http) as web, AsyncExitStack() as held:
+        opened = [await open_stream(held, port_of(web.url), x_forwarded_for=f"10.0.0.{n}") for n in range(6)]
+        served = await still_served(web.url)
+    assert opened == [b"HTTP/1.1 200 OK"] * 3 + [b"HTTP/1.1 503 Service Unavailable"] * 3  # half the connections
+    assert served == {"healthz": 200, "mcp": 200, "console": 200}
+
+
+async def test_opening_sse_streams_counts_against_the_rate_limit(tmp_path: Path) -> None:
+    async with running(tmp_path, http=http_settings(rate_limit_per_minute=2)) as web:
+        opened = []
+        for _ in range(3):
+            async with AsyncExitStack() as held:
+                opened.append(await open_stream(held, port_of(web.url)))
+    assert opened == [b"HTTP/1.1 200 OK"] * 2 + [b"HTTP/1.1 429 Too Many Requests"]
 
 
 async def test_sessions_past_the_cap_get_503_and_an_idle_session_ends(tmp_path: Path) -> None:

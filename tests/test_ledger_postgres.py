@@ -292,6 +292,18 @@ def test_a_driver_message_that_repeats_the_password_is_masked_and_not_chained() 
     assert e.value.__suppress_context__
 
 
+def test_a_one_letter_password_is_masked_where_it_stands_and_nowhere_else() -> None:
+    """A password `p` once gave "***ostgres ... ***ort": every occurrence of its text was masked."""
+    where, secrets = describe("postgresql://hg:p@db.example:5432/ledger")
+    with pytest.raises(LedgerUnavailable) as e, errors_mapped(where, secrets):
+        raise OSError("connect to postgresql://hg:p@db.example:5432/ledger?password=p failed (p)")
+    assert str(e.value) == (
+        "cannot reach the PostgreSQL ledger at postgresql://db.example:5432/ledger: connect to "
+        "postgresql://hg:***@db.example:5432/ledger?password=*** failed (***); check that the server is running "
+        "and the host and port in the ledger URL"
+    )
+
+
 def test_our_own_errors_pass_through_the_mapping_unchanged() -> None:
     with pytest.raises(SchemaTooNew), errors_mapped("postgresql://h/db"):
         raise SchemaTooNew("newer")

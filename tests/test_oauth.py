@@ -26,6 +26,7 @@ import httpx2
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client, types
+from structlog.testing import capture_logs
 
 from hail_guard import app
 from hail_guard.cli import main
@@ -129,6 +130,29 @@ async def test_login_discovers_registers_and_signs_in_with_pkce_and_keeps_the_to
     assert again == record
     assert (mode(store.folder), mode(store.path), mode(store.lock_path)) == (0o700, 0o600, 0o600)
     assert record.tokens.access_token not in repr(record)
+
+
+async def test_a_callback_without_this_sign_ins_state_is_refused_and_the_sign_in_waits_on(tmp_path: Path) -> None:
+    """Any local process can reach the loopback receiver: it once took the first callback and printed the state."""
+    forged: list[httpx2.Response] = []
+
+    async def intruder_first(hail: Hail, address: str) -> None:
+        redirect = parse_qs(urlsplit(address).query)["redirect_uri"][0]
+        async with httpx2.AsyncClient() as http:
+            for query in ("?code=stolen&state=forged", "?error=access_denied", "?code=stolen"):
+                forged.append(await http.get(redirect + query))
+        await hail.show(address)
+
+    async with hosted_hail() as hail:
+        store = TokenStore(hail.url, tmp_path)
+        with capture_logs() as logs:
+            record = await login(store, show=partial(intruder_first, hail))
+    state = parse_qs(urlsplit(hail.shown[0]).query)["state"][0]
+    assert record.tokens.access_token
+    assert [answer.status_code for answer in forged] == [400, 400, 400]
+    assert all("not the sign-in hail-guard is waiting for" in answer.text for answer in forged)
+    assert [entry["event"] for entry in logs].count("signin_callback_ignored") == 3
+    assert state not in repr(logs) + "".join(answer.text for answer in forged)
 
 
 async def test_signing_in_again_keeps_the_registered_client(tmp_path: Path) -> None:

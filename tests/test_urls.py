@@ -10,7 +10,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from hail_guard.cli import main
-from hail_guard.urls import UNREADABLE_HOST, display_url, parse_url
+from hail_guard.urls import UNREADABLE_HOST, display_url, masked, parse_url
 
 MARKER = "SECRET"
 PASSWORD_TEXT = st.text(alphabet="abcXYZ019/#?@:%&=.-_~!$", max_size=12)
@@ -73,3 +73,16 @@ def test_status_names_the_ledger_without_its_password(
     out, err = capsys.readouterr()
     assert "postgresql://127.0.0.1:15432/hg" in err
     assert "SECRET" not in out + err
+
+
+@pytest.mark.parametrize(
+    ("text", "secret", "shown"),
+    [
+        ("postgres at port 5432 refused hg:p@db", "p", "postgres at port 5432 refused hg:***@db"),
+        ("https://u:pa55@h/mcp?password=pa55&x=1", "pa55", "https://u:***@h/mcp?password=***&x=1"),
+        ("Bearer tok-1 sent; tok-12 is another", "tok-1", "Bearer *** sent; tok-12 is another"),
+        ("near pw-123.", "pw-123", "near ***."),
+    ],
+)
+def test_a_secret_is_masked_where_it_stands_whole_never_inside_a_word(text: str, secret: str, shown: str) -> None:
+    assert masked(text, {secret}) == shown

@@ -217,6 +217,18 @@ async def test_a_foreign_host_gets_403_even_with_the_token(tmp_path: Path) -> No
         assert await status("localhost") == 200
 
 
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1:1@evil.com", "localhost:80@evil.com", "[::1]:1@evil.com", "127.0.0.1:99999", "localhost:+80"]
+)
+async def test_a_loopback_host_whose_port_is_not_a_port_gets_403(tmp_path: Path, host: str) -> None:
+    async with running(tmp_path) as web, httpx2.AsyncClient() as client:
+        headers = {**MCP_HEADERS, "Authorization": f"Bearer {TOKEN}"}
+        as_host = await client.post(f"{web.url}mcp", json=INITIALIZE, headers={**headers, "Host": host})
+        as_origin = await client.post(f"{web.url}mcp", json=INITIALIZE, headers={**headers, "Origin": f"http://{host}"})
+        console = await client.get(f"{web.url}console/login", headers={"Host": host})
+    assert (as_host.status_code, as_origin.status_code, console.status_code) == (403, 403, 403)
+
+
 async def test_an_oversized_body_gets_413_whether_declared_or_streamed(tmp_path: Path) -> None:
     async with running(tmp_path, http=http_settings(max_body_bytes=1024)) as web, httpx2.AsyncClient() as http:
         headers = {**MCP_HEADERS, "Authorization": f"Bearer {TOKEN}"}

@@ -15,6 +15,7 @@ import anyio.abc
 import httpx2
 import pytest
 from pydantic import SecretStr
+from structlog.testing import capture_logs
 
 from hail_guard import delivery, webhooks
 from hail_guard.batch import PlannedSend
@@ -22,7 +23,7 @@ from hail_guard.config import HttpSettings, WebhookSettings
 from hail_guard.errors import WebhookRefused
 from hail_guard.listener import listening, serve_app
 from hail_guard.metrics import Metrics
-from hail_guard.models import DeliveryState, State
+from hail_guard.models import DeliveryState, State, WebhookOutcome
 from hail_guard.web import build_http_app
 from tests.conftest import Harness, data, email, open_harness
 from tests.test_web import sample
@@ -159,6 +160,28 @@ async def test_stop_by_sms_cancels_pending_sends_to_that_number(tmp_path: Path) 
     assert (opt_out.recipient, opt_out.channel, opt_out.reason) == (NUMBER, "sms", 'replied "STOP" by SMS')
     assert "in-dlv-1" in opt_out.source
     assert receiver.harness.sandbox.outbox == []
+
+
+@pytest.mark.parametrize("sender", ["Bob's phone", "4155550100", "+1 415"])
+async def test_a_stop_from_a_sender_that_cannot_be_read_is_refused_loudly_and_kept_for_review(
+    tmp_path: Path, sender: str
+) -> None:
+    reply = {"id": "in-9", "from": sender, "body": "STOP"}
+    async with receiving(tmp_path) as receiver:
+        with capture_logs() as logs:
+            response = await receiver.post("sms.received", reply, delivery_id="in-dlv-9")
+        suppressions = await receiver.harness.ledger.list_suppressions()
+        body = json.dumps({"type": "sms.received", "data": reply}).encode()
+        with pytest.raises(webhooks.UnreadableOptOut) as refused:
+            webhooks.parse(body, delivery_id="in-dlv-9", signature="x")
+        kept = await receiver.harness.ledger.record_webhook(refused.value.webhook)
+    assert (response.status_code, response.json()["status"]) == (422, "refused")
+    assert "whose sender cannot be read, so nobody was suppressed" in response.json()["message"]
+    assert "hail-guard suppress add NUMBER --channel sms" in response.json()["message"]
+    assert suppressions == []
+    assert kept is WebhookOutcome.DUPLICATE  # it was recorded, for review
+    [logged] = [entry for entry in logs if entry["event"] == "webhook_opt_out_unreadable"]
+    assert (logged["log_level"], logged["delivery_id"]) == ("error", "in-dlv-9")
 
 
 async def test_other_inbound_sms_and_unknown_event_types_are_recorded_and_ignored(tmp_path: Path) -> None:

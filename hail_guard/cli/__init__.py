@@ -2,7 +2,8 @@
 
 Exit codes: 0 done, 1 a hail-guard error (`BadInput` among them: the message says what to do), 2 options
 argparse cannot read, 3 sends left unresolved (`batch run`, `review resend`). Command output goes to
-stdout; logs and notices go to stderr.
+stdout; logs and notices go to stderr: for an operator's command, warnings and errors only, as text
+(`--verbose`: the whole log); `serve`, `worker` and `console` log as `[log] level` says.
 Global options (`--config`) go before or after the command. Each module here owns a few commands,
 their options and their output: `operations` (ops, reconcile, review), `batches` (batch, worker,
 suppress), `admin` (serve, status, migrate, upstream, backup, prune), `signin` (login, logout),
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return command.run_from_args(args)
     try:
         settings = load_settings(getattr(args, "config", None))
-        configure_logging(settings.log.level)
+        _configure_logs(args, settings.log.level)
         runner: Handler = args.run
         return anyio.run(runner, args, settings)
     except HailGuardError as exc:
@@ -79,6 +80,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.exception("crashed")
         print("hail-guard: failed unexpectedly; the log above has the details", file=sys.stderr)
         return 1
+
+
+SERVICES = frozenset({"serve", "worker", "console"})
+"""Commands whose log is their output: they log as `[log] level` says, as JSON lines."""
+_QUIET_LEVELS = {"debug": "warning", "info": "warning"}
+
+
+def _configure_logs(args: argparse.Namespace, level: str) -> None:
+    """A service logs as configured; any other command (or `--verbose`: as configured) prints its result
+    and, before it, only warnings and errors, as text."""
+    if args.command in SERVICES or getattr(args, "verbose", False):
+        configure_logging(level)
+    else:
+        configure_logging(_QUIET_LEVELS.get(level, level), text=True)
 
 
 def parser(argv: Sequence[str]) -> argparse.ArgumentParser:

@@ -11,15 +11,16 @@ from rich.text import Text
 
 from hail_guard import app, policy
 from hail_guard.batch import STALE_SECONDS, sender_name
+from hail_guard.cli.clients import TOKEN_PLACEHOLDER
 from hail_guard.cli.parsing import Commands, whole_number
 from hail_guard.cli.signin import signin_line, signin_report
 from hail_guard.cli.terminal import TIME_FORMAT, json_text, labelled, say, terminal_text
 from hail_guard.config import Settings
-from hail_guard.errors import ConfigError
+from hail_guard.errors import ConfigError, HailGuardError, NotFound
 from hail_guard.ledger import Heartbeat
 from hail_guard.ledger import migrate as migrate_ledger
 from hail_guard.models import State
-from hail_guard.upstream import UpstreamTarget
+from hail_guard.upstream import UpstreamTarget, connect_upstream
 from hail_guard.urls import display_url
 from hail_guard.views import operation_view
 
@@ -89,11 +90,13 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
     by_state = {state.value: count for state, count in sorted(counts.items())}
     signin = await signin_report(settings)
     warning = settings.upstream.token_warning(signed_in=signin["method"] == "oauth")
+    warnings = [found for found in (warning, placeholder_warning(settings)) if found is not None]
     report: dict[str, Any] = {
         "ledger": ledger_shown(settings.ledger.url),
         "upstream": upstream_shown(settings),
+        "upstream_answers": await upstream_answers(settings),
         "profile": settings.upstream.profile,
-        "warnings": [warning] if warning is not None else [],
+        "warnings": warnings,
         "operations": by_state,
         "oldest_unknown": operation_view(oldest_unknown) if oldest_unknown else None,
         "review_queue": counts.get(State.NEEDS_REVIEW, 0),
@@ -113,6 +116,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     say(labelled("ledger", report["ledger"]))
     say(labelled("upstream", report["upstream"]))
+    say(labelled("upstream answers", answers_line(report["upstream_answers"])))
     say(labelled("profile", report["profile"]))
     for warning in report["warnings"]:
         say(("warning", "bold red"), ": ", warning)
@@ -164,6 +168,45 @@ def sending_lines(senders: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def placeholder_warning(settings: Settings) -> str | None:
+    """The token variable still holds the placeholder `client-config` writes: Hail refuses every send."""
+    upstream = settings.upstream
+    if upstream.token() != TOKEN_PLACEHOLDER:
+        return None
+    return (
+        f"{upstream.token_env} holds {TOKEN_PLACEHOLDER}, the placeholder `hail-guard client-config` writes: put "
+        "your Hail key there (in the client's config too); until then Hail refuses every send"
+    )
+
+
+UPSTREAM_CHECK_SECONDS = 10.0
+"""How long `status` waits for the upstream to connect and list its tools; past it, it says so and goes on."""
+
+
+async def upstream_answers(settings: Settings) -> dict[str, Any]:
+    """Whether the upstream answers now (it connects and lists its tools within `UPSTREAM_CHECK_SECONDS`):
+    reported, never fatal. The built-in sandbox runs in this process: it always answers."""
+    if settings.upstream.kind == "sandbox":
+        return {"answers": True, "detail": "the built-in sandbox runs in this process"}
+    seconds = min(UPSTREAM_CHECK_SECONDS, settings.upstream.timeout_seconds)
+    try:
+        with anyio.fail_after(seconds):
+            target = app.upstream_target(settings)
+            async with connect_upstream(
+                target, timeout_seconds=seconds, connect_timeout_seconds=seconds, heartbeat_seconds=None
+            ) as upstream:
+                tools = await upstream.list_tools()
+    except TimeoutError:
+        return {"answers": False, "detail": f"no answer within {seconds:g} s"}
+    except HailGuardError as exc:
+        return {"answers": False, "detail": str(exc)}
+    return {"answers": True, "detail": f"it lists {len(tools)} tool(s)"}
+
+
+def answers_line(answered: dict[str, Any]) -> str:
+    return f"{'yes' if answered['answers'] else 'NO'}: {answered['detail']}"
+
+
 async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     version = await migrate_ledger(settings.ledger.url)
     print(f"the ledger is at schema version {version}")
@@ -172,9 +215,22 @@ async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _upstream_accept(args: argparse.Namespace, settings: Settings) -> int:
     async with app.open_ledger_from(settings) as ledger:
+        refuse_unknown_tools(args.tools, {pin.name for pin in await ledger.tool_pins()})
         accepted = await ledger.accept_tools(args.tools or None)
     print(f"accepted {len(accepted)} changed tool(s): {terminal_text(', '.join(accepted) or 'none')}")
     return 0
+
+
+def refuse_unknown_tools(named: list[str], known: set[str]) -> None:
+    """`NotFound` naming each tool the upstream was never seen to list, and the ones it was; nothing accepted."""
+    unknown = [name for name in named if name not in known]
+    if not unknown:
+        return
+    seen = ", ".join(sorted(known)) if known else "none yet (they are recorded when `serve` connects)"
+    raise NotFound(
+        f"no upstream tool named {', '.join(repr(name) for name in unknown)}; nothing was accepted. "
+        f"The upstream's tools as last seen: {seen}"
+    )
 
 
 async def _backup(args: argparse.Namespace, settings: Settings) -> int:

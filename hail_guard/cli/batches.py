@@ -24,9 +24,10 @@ from hail_guard.cli.terminal import (
     terminal_text,
 )
 from hail_guard.config import Settings
-from hail_guard.errors import NotFound
+from hail_guard.errors import BadInput, NotFound
 from hail_guard.models import SUPPRESSION_CHANNELS, BatchStatus, State, Suppression
 from hail_guard.recipients import normalise_recipient
+from hail_guard.server import Proxy
 from hail_guard.views import batch_view
 
 log = structlog.get_logger(__name__)
@@ -63,6 +64,13 @@ def _batch_commands(batch: Commands) -> None:
     status.add_argument("batch_id", help="the batch id `batch plan` printed")
     status.add_argument("--json", action="store_true", help="print JSON")
     add_wide(status)
+    cancel = batch.add(
+        "cancel",
+        help="cancel the batch's sends not sent yet (planned, ready); never one that may have left",
+        run=_batch_cancel,
+    )
+    cancel.add_argument("batch_id", help="the batch id `batch plan` printed")
+    cancel.add_argument("--reason", required=True, help="why: kept with each cancelled send")
     listing = batch.add("list", help="batches, newest first: name, when planned, counts by state", run=_batch_list)
     listing.add_argument("--limit", type=whole_number("--limit", 1, 10_000), default=50, help="at most this many")
     listing.add_argument("--json", action="store_true", help="print JSON lines")
@@ -81,6 +89,7 @@ def _suppress_commands(suppress: Commands) -> None:
     listing.add_argument("--json", action="store_true", help="print JSON lines")
     add_wide(listing)
     remove = suppress.add("remove", help="take an opt-out back (only when the recipient asked)", run=_suppress_remove)
+    remove.add_argument("--reason", required=True, help="why: the recipient asked? (logged)")
     remove.add_argument("recipient", help="email address or phone number")
     remove.add_argument("--channel", choices=SUPPRESSION_CHANNELS, default="all", help="the opt-out's channel")
 
@@ -95,8 +104,14 @@ def next_command(status: BatchStatus) -> str:
 
 
 async def _batch_plan(args: argparse.Namespace, settings: Settings) -> int:
+    opened: list[Proxy] = []
+
+    def schema_of(tool: str) -> dict[str, Any] | None:
+        return opened[0].guarded_schema(tool)
+
+    sends = read_batch_file(args.file, schema_of)  # a missing file is refused before anything connects
     async with app.open_proxy(settings) as proxy:
-        sends = read_batch_file(args.file, proxy.guarded_schema)
+        opened.append(proxy)
         batch_id = await proxy.batches.plan(sends, name=args.name, actor=f"operator {getpass.getuser()}")
         status = await proxy.batches.status(batch_id)
     print(json_text({**batch_view(status), "next_step": next_command(status)}, indent=2))
@@ -139,6 +154,20 @@ def unresolved_steps(status: BatchStatus) -> list[str]:
         "them settle",
     }
     return [text.format(n=counts[state]) for state, text in steps.items() if counts.get(state)]
+
+
+async def _batch_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    """What the console's Cancel does (`Ledger.cancel_batch`), from the command line."""
+    reason = args.reason.strip()
+    if not reason:
+        raise BadInput("--reason is empty: say why the batch is cancelled; nothing was cancelled")
+    async with app.open_ledger_from(settings) as ledger:
+        cancelled = await ledger.cancel_batch(args.batch_id, reason=reason, actor=f"operator {getpass.getuser()}")
+        status = await ledger.batch_status(args.batch_id)
+    batch = terminal_text(args.batch_id)
+    print(f"cancelled {len(cancelled)} unsent send(s) of {batch}; see `hail-guard batch status {batch}`")
+    print_batch(status)
+    return 0
 
 
 async def _batch_status(args: argparse.Namespace, settings: Settings) -> int:
@@ -234,12 +263,16 @@ async def _suppress_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _suppress_remove(args: argparse.Namespace, settings: Settings) -> int:
+    reason = args.reason.strip()
+    if not reason:
+        raise BadInput("--reason is empty: say why the opt-out is taken back (the recipient asked?); nothing changed")
     async with app.open_ledger_from(settings) as ledger:
         removed = await ledger.remove_suppression(args.recipient, args.channel)
     recipient = terminal_text(args.recipient)
     if not removed:
         raise NotFound(f"{recipient} has no opt-out on {args.channel}; see `hail-guard suppress list`")
-    print(
-        f"removed the opt-out of {terminal_text(normalise_recipient(args.recipient, args.channel))} on {args.channel}"
-    )
+    by = f"operator {getpass.getuser()}"
+    log.info("opt_out_removed", recipient=args.recipient, channel=args.channel, by=by, reason=reason)
+    shown = terminal_text(normalise_recipient(args.recipient, args.channel))
+    print(f"removed the opt-out of {shown} on {args.channel} ({terminal_text(reason)})")
     return 0

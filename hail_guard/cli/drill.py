@@ -10,10 +10,11 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.table import Table
 from rich.text import Text
 
 from hail_guard.cli.parsing import Commands, whole_number
-from hail_guard.cli.terminal import console, json_text, print_table, progress, say, terminal_text
+from hail_guard.cli.terminal import console, json_text, print_table, progress, say, shown, terminal_text
 from hail_guard.config import Settings
 from hail_guard.logs import configure_logging
 
@@ -107,7 +108,7 @@ async def run_from_args(ns: argparse.Namespace, settings: Settings) -> DrillRepo
     )
     with ExitStack() as stack:
         if settings.log.level != "debug":  # the faults are deliberate: their warnings would only be noise
-            configure_logging("error")
+            configure_logging("error", text=not getattr(ns, "verbose", False))
             stack.enter_context(_quiet(*_THEIR_LOGGERS))
         bar = _Bar(stack, total=len(options.scenarios) or len(SCENARIOS), enabled=not ns.no_progress)
         return await run_drill(options, started=bar.started, finished=bar.finished)
@@ -151,32 +152,49 @@ def _quiet(*names: str) -> Iterator[None]:
 
 
 def print_report(report: DrillReport) -> None:
+    """A table that fits 80 columns (sent, and the most any one lead got, without hail-guard then with it),
+    then what each scenario did and what the agent saw, then the one-line summary."""
     rows = [
         (
             result.number,
             result.name,
-            result.faults,
-            " -> ".join(result.agent_saw) or None,
-            result.counts(),
-            Text("holds", style="green")
-            if result.holds
-            else Text.assemble(("FAILS", "red"), f": {terminal_text(result.failed_check)}"),
+            result.sent_shown(),
+            result.most_to_one_shown(),
+            Text("holds", style="green") if result.holds else Text("FAILS", style="red"),
         )
         for result in report.scenarios
     ]
     print_table(
-        ("#", "scenario", "what the faults did", "what the agent saw", "sent", "verdict"),
+        ("#", "scenario", "sent", "most to one lead", "verdict"),
         rows,
         title="hail-guard drill",
         caption=(
-            "sent: messages the sandbox accepted; unguarded: the same agent behaviour without hail-guard "
-            "(no key of its own, one retry on an error); guarded: through hail-guard, expected as the scenario says"
+            "without hail-guard -> with it. sent: messages the sandbox accepted; most to one lead: the most "
+            "any one lead got (1: nobody twice). Without hail-guard: the same agent behaviour, no key of its "
+            "own, one retry on an error"
         ),
     )
+    console().print(_details(report))
     style = "green" if report.passed else "bold red"
     console().print(Text(terminal_text(report.summary()), style=style), soft_wrap=True)  # one line, for grep
     if report.options.keep is not None:
         say("kept in ", terminal_text(report.options.keep), ": ", _kept(report))
+
+
+def _details(report: DrillReport) -> Table:
+    """Each scenario's faults, what its agent saw and, when it fails, why: wrapped beside its number."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(justify="right")
+    grid.add_column(ratio=1)
+    for result in report.scenarios:
+        lines = [
+            Text.assemble(("faults: ", "bold"), shown(result.faults)),
+            Text.assemble(("the agent saw: ", "bold"), shown(" -> ".join(result.agent_saw) or None)),
+        ]
+        if not result.holds:
+            lines.append(Text.assemble(("FAILS: ", "bold red"), shown(result.failed_check)))
+        grid.add_row(f"{result.number}.", Text("\n").join(lines))
+    return grid
 
 
 def _kept(report: DrillReport) -> str:

@@ -37,7 +37,7 @@ from hail_guard.config import Settings
 from hail_guard.errors import BadInput
 from hail_guard.ledger import find_operation
 from hail_guard.models import Operation, State
-from hail_guard.views import delivery_view, operation_view, request_view
+from hail_guard.views import csv_cell, delivery_view, operation_view, request_view
 
 _STATES = [state.value for state in State]
 REFERENCE_HELP = "an operation id or an idempotency key"
@@ -223,15 +223,15 @@ def _export_target(path: str | None) -> Iterator[TextIO]:
 
 
 def _csv_writer(out: TextIO) -> Callable[[Operation], None]:
-    """CSV rows as stored; on a terminal, each cell as ledger text (a file gets the exact values)."""
+    """CSV rows as stored, each cell safe for a spreadsheet (`views.csv_cell`); on a terminal, each cell as
+    ledger text too."""
     writer = csv.writer(out)
     writer.writerow(EXPORT_COLUMNS)
     cell: Callable[[Any], Any] = terminal_text if out.isatty() else (lambda value: value)
 
     def write(operation: Operation) -> None:
         values = operation.model_dump(mode="json")
-        values["recipients"] = ";".join(operation.recipients)
-        writer.writerow(["" if values[name] is None else cell(values[name]) for name in EXPORT_COLUMNS])
+        writer.writerow([cell(csv_cell(values[name])) for name in EXPORT_COLUMNS])
 
     return write
 

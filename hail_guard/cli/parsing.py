@@ -42,6 +42,13 @@ def _global_options() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,  # a command's own copy must not undo one given before the command
         help="TOML config file (default: $HAIL_GUARD_CONFIG, else built-in defaults)",
     )
+    options.add_argument(
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print the log too (info and up, as JSON lines); without it a command prints its result and "
+        "warnings only. serve, worker and console always log",
+    )
     options.add_argument("--version", action="version", version=f"hail-guard {__version__}")
     return shared
 

@@ -264,7 +264,7 @@ def _csv(shown: list[dict[str, Any]], *, header: bool) -> str:
     if header:
         writer.writeheader()
     for view in shown:
-        writer.writerow({**view, "recipients": ";".join(view["recipients"])})
+        writer.writerow({name: views.csv_cell(value) for name, value in view.items()})
     return out.getvalue()
 
 

@@ -28,7 +28,7 @@ from typing import Final
 import anyio
 import structlog
 
-from hail_guard.drill.report import DrillReport, ScenarioResult, display_url
+from hail_guard.drill.report import DrillReport, ScenarioResult, Tally, display_url
 from hail_guard.drill.rig import (
     DEFAULT_LEADS,
     DEFAULT_WORKERS,
@@ -127,6 +127,7 @@ async def _run_scenario(drill: Drill, scenario: Scenario) -> ScenarioResult:
         faults=run.faults,
         expected=run.expected,
         sent=len(run.outbox),
+        most_to_one=Tally.of(run.outbox).most_to_one,
         failed_check=failed or _ground_truth(run),
         seconds=time.monotonic() - began,
         without_guard=await _unguarded(drill, scenario),
@@ -134,7 +135,7 @@ async def _run_scenario(drill: Drill, scenario: Scenario) -> ScenarioResult:
     )
 
 
-async def _unguarded(drill: Drill, scenario: Scenario) -> int | None:
+async def _unguarded(drill: Drill, scenario: Scenario) -> Tally | None:
     """What the same agent behaviour sends without hail-guard; None when it could not be run."""
     if scenario.unguarded is None:
         return None

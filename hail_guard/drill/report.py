@@ -5,11 +5,30 @@ Plain data, printed by the command line (`hail-guard drill`: a table, or `--json
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from hail_guard import urls
 from hail_guard.drill.rig import DrillOptions
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What a sandbox accepted: how many messages, and the most that any one recipient got."""
+
+    sent: int
+    most_to_one: int
+
+    @classmethod
+    def of(cls, outbox: Iterable[Mapping[str, Any]]) -> Tally:
+        entries = list(outbox)
+        per_recipient = Counter(recipient for entry in entries for recipient in entry["to"])
+        return cls(len(entries), max(per_recipient.values(), default=0))
+
+    def to_json(self) -> dict[str, int]:
+        return {"sent": self.sent, "most_to_one": self.most_to_one}
 
 
 @dataclass(frozen=True)
@@ -25,8 +44,10 @@ class ScenarioResult:
     failed_check: str | None
     """The first check that did not hold, or the error the scenario raised; None: it holds."""
     seconds: float
-    without_guard: int | None = None
-    """Messages a second sandbox accepted from the same agent behaviour without hail-guard (None: not run)."""
+    most_to_one: int = 0
+    """The most messages any one recipient got from the sandbox behind hail-guard (1: nobody twice)."""
+    without_guard: Tally | None = None
+    """What a second sandbox accepted from the same agent behaviour without hail-guard (None: not run)."""
     agent_saw: tuple[str, ...] = ()
     """What the agent was answered, step by step (`unknown`, `reconcile -> accepted`, ...)."""
 
@@ -38,10 +59,13 @@ class ScenarioResult:
     def verdict(self) -> str:
         return "holds" if self.holds else "fails"
 
-    def counts(self) -> str:
-        """`unguarded: 2 sent, guarded: 1 sent`."""
-        unguarded = "-" if self.without_guard is None else str(self.without_guard)
-        return f"unguarded: {unguarded} sent, guarded: {self.sent} sent"
+    def sent_shown(self) -> str:
+        """Messages sent, without hail-guard then with it: `2 -> 1` (`-`: the unguarded run was not made)."""
+        return f"{'-' if self.without_guard is None else self.without_guard.sent} -> {self.sent}"
+
+    def most_to_one_shown(self) -> str:
+        """The most any one recipient got, without hail-guard then with it: `2 -> 1`."""
+        return f"{'-' if self.without_guard is None else self.without_guard.most_to_one} -> {self.most_to_one}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,7 +74,8 @@ class ScenarioResult:
             "faults": self.faults,
             "expected": self.expected,
             "sent": self.sent,
-            "without_guard": None if self.without_guard is None else {"sent": self.without_guard},
+            "most_to_one": self.most_to_one,
+            "without_guard": None if self.without_guard is None else self.without_guard.to_json(),
             "agent_saw": list(self.agent_saw),
             "verdict": self.verdict,
             "failed_check": self.failed_check,

@@ -18,6 +18,7 @@ import anyio
 
 from hail_guard.batch import drain
 from hail_guard.drill import unguarded
+from hail_guard.drill.report import Tally
 from hail_guard.drill.rig import CALL_TIMEOUT_SECONDS, MAX_LEADS, Drill, Rig, Run, brief, check, data, view
 from hail_guard.guard import claim_token
 from hail_guard.ledger import Ledger
@@ -346,8 +347,8 @@ class Scenario:
     number: int
     name: str
     body: Callable[[Drill, Run], Awaitable[None]]
-    unguarded: Callable[[Drill], Awaitable[int]] | None = None
-    """The same agent behaviour without hail-guard; returns how many messages that sandbox accepted."""
+    unguarded: Callable[[Drill], Awaitable[Tally]] | None = None
+    """The same agent behaviour without hail-guard; returns what that sandbox accepted."""
 
 
 SCENARIOS: Final[tuple[Scenario, ...]] = (

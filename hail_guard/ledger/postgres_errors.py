@@ -3,7 +3,8 @@
 `errors_mapped` turns each into `LedgerUnavailable` with what it means for the operator (`_EXPLANATIONS`,
 first match wins: unreachable, refused login, no database, locked, read-only, out of resources...).
 Messages name the server as `urls.parse_url` shows it (`describe`: scheme, host, port, database), and
-the password is masked in every spelling; a driver message that repeated it is not chained.
+the password is masked in every spelling where the driver's words repeat it whole (never inside a word,
+never in our own words); a driver message that repeated it is not chained.
 tests/test_ledger_postgres.py walks every class asyncpg defines to prove nothing escapes.
 """
 
@@ -108,13 +109,14 @@ def errors_mapped(where: str, secrets: frozenset[str] = frozenset()) -> Iterator
         ValueError,
         OverflowError,
     ) as exc:
-        message = masked(_explain(exc, where), secrets)
         leaks = any(secret in str(exc) for secret in secrets)
-        raise LedgerUnavailable(message) from (None if leaks else exc)
+        raise LedgerUnavailable(_explain(exc, where, secrets)) from (None if leaks else exc)
 
 
-def _explain(exc: Exception, where: str) -> str:
-    detail = str(exc) or type(exc).__name__
+def _explain(exc: Exception, where: str, secrets: frozenset[str]) -> str:
+    """What failed, in our words around the driver's; only the driver's part is masked (`urls.masked`, by the
+    URL's parts: our own words and `where` hold no password, and a short one must not eat them)."""
+    detail = masked(str(exc), secrets) or type(exc).__name__
     for kinds, template in _EXPLANATIONS:
         if isinstance(exc, kinds):
             return template.format(where=where, detail=detail)

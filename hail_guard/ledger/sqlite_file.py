@@ -61,7 +61,9 @@ def create_private(path: str) -> bool:
     The file appears whole: an SQLite database in WAL mode (its header written and synced) is made under a
     temporary name and hard-linked into place, which never replaces a file that appeared meanwhile (another
     process starting at once: then that one is used); the folder is synced, so the new name survives a power
-    cut as the commits into it do."""
+    cut as the commits into it do. A folder is refused (SQLite would say only "unable to open")."""
+    if os.path.isdir(path):
+        raise BadInput(f"the ledger {path} is a folder: name a file in it, such as {os.path.join(path, 'ledger.db')}")
     if path == ":memory:" or os.path.exists(path):
         return False
     folder = os.path.dirname(os.path.abspath(path))

@@ -33,6 +33,7 @@ from hail_guard.errors import ConfigError, HailGuardError, UpstreamError
 from hail_guard.oauth.loopback import receiving
 from hail_guard.oauth.store import PLACEHOLDER_REDIRECT, Held, SignInRecord, TokenStore, client_metadata
 from hail_guard.upstream import UpstreamTarget, connect_upstream
+from hail_guard.urls import masked
 
 log = structlog.get_logger(__name__)
 
@@ -71,10 +72,10 @@ async def login(
             store.upstream,
             client_metadata(callback.redirect_uri),
             held,
-            redirect_handler=show,
+            redirect_handler=callback.showing(show),
             callback_handler=callback.result,
         )
-        await _challenge(provider, store, wait_seconds)
+        await _challenge(provider, store, wait_seconds, hidden=lambda: callback.state)
     record = _signed_in(store, provider, held, clock())
     record.account = await _account(store.upstream, record.tokens.access_token)
     async with store.locked():  # not while a process renews the old tokens
@@ -113,8 +114,11 @@ def _signed_in(store: TokenStore, provider: OAuthClientProvider, held: Held, now
     )
 
 
-async def _challenge(provider: OAuthClientProvider, store: TokenStore, wait_seconds: float) -> None:
-    """An `initialize` through the provider: its 401 sets off the whole sign-in, then it is sent again."""
+async def _challenge(
+    provider: OAuthClientProvider, store: TokenStore, wait_seconds: float, *, hidden: Callable[[], str | None]
+) -> None:
+    """An `initialize` through the provider: its 401 sets off the whole sign-in, then it is sent again.
+    `hidden()` (the sign-in's state) is never shown, even where the SDK's error repeats it."""
     try:
         with _sdk_flow_errors_unlogged(), anyio.fail_after(wait_seconds):
             async with (
@@ -127,7 +131,8 @@ async def _challenge(provider: OAuthClientProvider, store: TokenStore, wait_seco
             f"no sign-in came back within {wait_seconds / 60:g} minutes; run `hail-guard login` again"
         ) from None
     except OAuthFlowError as exc:
-        raise HailGuardError(f"signing in to {store.key} failed: {exc}") from None
+        said = masked(str(exc), {secret for secret in (hidden(),) if secret})
+        raise HailGuardError(f"signing in to {store.key} failed: {said}") from None
     except httpx2.HTTPError as exc:
         raise HailGuardError(f"could not reach {store.key} to sign in ({type(exc).__name__}: {exc})") from None
     if status in (401, 403):

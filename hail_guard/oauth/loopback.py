@@ -2,18 +2,23 @@
 
     async with receiving(port, required=False) as callback:   # listens on 127.0.0.1 while the block runs
         callback.redirect_uri                                  # http://127.0.0.1:PORT/callback
+        callback.showing(show)                                 # the SDK's redirect handler: learns the state
         await callback.result()                                # the SDK's callback handler: code, state, iss
 
-The first request to `/callback` is the answer, shown a short page; anything else gets 404. HTTP is
-read with h11; a connection that says nothing useful (a probe, a closed tab) is dropped.
+The answer is the first request to `/callback` that brings back the `state` of the authorization address
+this sign-in showed (compared in constant time), shown a short page. Any other process on the machine can
+reach 127.0.0.1: a callback with another state, or none, gets an error page, is logged, and the receiver
+waits on; it cannot abort the sign-in. The state is never shown or logged. Anything else gets 404. HTTP
+is read with h11; a connection that says nothing useful (a probe, a closed tab) is dropped.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import anyio.abc
@@ -30,15 +35,34 @@ CALLBACK_PATH = "/callback"
 _PAGE = "<!doctype html><meta charset=utf-8><title>hail-guard</title><p>{}</p>"
 _DONE_PAGE = _PAGE.format("hail-guard is signed in. You can close this window.")
 _REFUSED_PAGE = _PAGE.format("The sign-in was not completed; see the terminal.")
+_FOREIGN_PAGE = _PAGE.format(
+    "This is not the sign-in hail-guard is waiting for (its state differs). Use the address the terminal shows."
+)
+
+Show = Callable[[str], Awaitable[None]]
 
 
 @dataclass
 class Callback:
-    """The loopback redirect's receiver: the first request to `CALLBACK_PATH` is the answer."""
+    """The loopback redirect's receiver: the first request to `CALLBACK_PATH` with this sign-in's state."""
 
     redirect_uri: str
     done: anyio.Event = field(default_factory=anyio.Event)
     answer: dict[str, str] = field(default_factory=dict)
+    state: str | None = field(default=None, repr=False)
+    """The `state` of the authorization address shown (None until it is): the one a callback must bring."""
+
+    def showing(self, show: Show) -> Show:
+        """`show` as the SDK's redirect handler, learning first the state the authorization address carries."""
+
+        async def redirect(address: str) -> None:
+            self.state = parse_qs(urlsplit(address).query).get("state", [None])[0]
+            await show(address)
+
+        return redirect
+
+    def _ours(self, state: str | None) -> bool:
+        return self.state is not None and state is not None and hmac.compare_digest(state.encode(), self.state.encode())
 
     async def result(self) -> AuthorizationCodeResult:
         """The SDK's callback handler: the code and state the browser brought back."""
@@ -70,7 +94,12 @@ class Callback:
         if path != CALLBACK_PATH or self.done.is_set():
             await _respond(stream, connection, 404, _PAGE.format("Not found."))
             return
-        self.answer = {name: values[0] for name, values in parse_qs(query).items()}
+        answer = {name: values[0] for name, values in parse_qs(query).items()}
+        if not self._ours(answer.get("state")):
+            log.warning("signin_callback_ignored", reason="it does not bring back this sign-in's state")
+            await _respond(stream, connection, 400, _FOREIGN_PAGE)
+            return
+        self.answer = answer
         self.done.set()
         done = "code" in self.answer
         await _respond(stream, connection, 200 if done else 400, _DONE_PAGE if done else _REFUSED_PAGE)
