@@ -6,6 +6,7 @@ below takes these as arguments.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import stat
@@ -175,8 +176,7 @@ async def tracking(settings: Settings, proxy: Proxy) -> AsyncIterator[Tracker | 
 
 async def serve_stdio(settings: Settings) -> None:
     """Serve one client on stdin and stdout until it closes stdin or this is cancelled (`until_signalled`)."""
-    stdin = ReadableStdin(sys.stdin) if _waits_for_input(sys.stdin.fileno()) else None
-    async with open_proxy(settings) as proxy, tracking(settings, proxy), stdio_server(stdin) as (read, write):
+    async with open_proxy(settings) as proxy, tracking(settings, proxy), stdio_server(_stdin()) as (read, write):
         server = build_server(proxy)
         await server.run(read, write, server.create_initialization_options())
 
@@ -207,10 +207,15 @@ async def until_signalled(run: Callable[[], Awaitable[None]], *, event: str) -> 
             raise
 
 
-def _waits_for_input(fd: int) -> bool:
-    """Whether reading `fd` can block for as long as the other end likes (a pipe, a socket, a terminal)."""
+def _stdin() -> ReadableStdin | None:
+    """stdin read when readable where reading it can block for as long as the client likes (a pipe, a socket, a
+    terminal); None, for the SDK's own reader, where it cannot (a file, /dev/null) or is no descriptor."""
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):  # replaced by an embedding or a test
+        return None
     mode = os.fstat(fd).st_mode
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
+    return ReadableStdin(sys.stdin) if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd) else None
 
 
 class ReadableStdin(anyio.AsyncFile[str]):
