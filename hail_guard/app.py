@@ -6,9 +6,14 @@ below takes these as arguments.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import io
+import os
+import signal
+import stat
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 import anyio
 import anyio.to_thread
@@ -17,7 +22,7 @@ from mcp.server.stdio import stdio_server
 
 from hail_guard import profiles
 from hail_guard.config import Settings
-from hail_guard.errors import ConfigError
+from hail_guard.errors import ConfigError, HailGuardError
 from hail_guard.guard import GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.profiles import Profile
@@ -178,6 +183,74 @@ async def tracking(settings: Settings, proxy: Proxy) -> AsyncIterator[Tracker | 
 
 
 async def serve_stdio(settings: Settings) -> None:
-    async with open_proxy(settings) as proxy, tracking(settings, proxy), stdio_server() as (read, write):
+    """Serve one client on stdin and stdout until it closes stdin or this is cancelled (`until_signalled`)."""
+    async with open_proxy(settings) as proxy, tracking(settings, proxy), stdio_server(_stdin()) as (read, write):
         server = build_server(proxy)
         await server.run(read, write, server.create_initialization_options())
+
+
+async def until_signalled(run: Callable[[], Awaitable[None]], *, event: str) -> None:
+    """Run `run` until SIGINT or SIGTERM (logged as `event`), then cancel it: `serve` on either transport.
+
+    Cancelled, a send in flight is recorded `unknown` by the guard, shielded, before the ledger closes
+    (over HTTP only those still running after `[http] shutdown_grace_seconds`). Errors come out as raised
+    (`ConfigError` for a port in use...), not wrapped in a group.
+    """
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def stop_on_signal() -> None:
+                    async for signum in signals:
+                        log.info(event, signal=signal.Signals(signum).name)
+                        tg.cancel_scope.cancel()
+                        return
+
+                tg.start_soon(stop_on_signal)
+                await run()
+                tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            if len(group.exceptions) == 1 and isinstance(group.exceptions[0], HailGuardError):
+                raise group.exceptions[0] from None
+            raise
+
+
+def _stdin() -> ReadableStdin | None:
+    """stdin read when readable where reading it can block for as long as the client likes (a pipe, a socket, a
+    terminal); None, for the SDK's own reader, where it cannot (a file, /dev/null) or is no descriptor."""
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):  # replaced by an embedding or a test
+        return None
+    mode = os.fstat(fd).st_mode
+    return ReadableStdin(sys.stdin) if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd) else None
+
+
+class ReadableStdin(anyio.AsyncFile[str]):
+    """stdin's lines, each read once the descriptor is readable, never by a worker thread blocked in `read()`.
+
+    The MCP SDK reads stdin in a worker thread, which no cancel reaches: after SIGTERM, while the client
+    keeps stdin open (`docker stop` of a `docker run -i`), that thread kept the process alive.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self._fd = stream.fileno()
+        self._buffer = bytearray()
+
+    async def readline(self) -> str:
+        searched = 0
+        while (end := self._buffer.find(b"\n", searched)) < 0:
+            searched = len(self._buffer)
+            await anyio.wait_readable(self._fd)
+            chunk = os.read(self._fd, _STDIN_CHUNK_BYTES)  # readable: returns at once
+            if not chunk:  # end of input: what is left, then ""
+                end = len(self._buffer) - 1
+                break
+            self._buffer += chunk
+        line = bytes(self._buffer[: end + 1])
+        del self._buffer[: end + 1]
+        return line.decode("utf-8", errors="replace")
+
+
+_STDIN_CHUNK_BYTES = 64 * 1024

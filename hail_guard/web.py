@@ -27,9 +27,9 @@ Signals are the caller's business.
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
 
 import anyio
 import anyio.abc
@@ -46,7 +46,7 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hail_guard import webhooks
-from hail_guard.app import credentials_warning, open_proxy, tracking
+from hail_guard.app import credentials_warning, open_proxy, tracking, until_signalled
 from hail_guard.config import ConsoleSettings, HttpSettings, Settings, WebhookSettings
 from hail_guard.console.app import console_routes
 from hail_guard.errors import ConfigError, HailGuardError, WebhookRefused
@@ -265,24 +265,9 @@ async def serve_http_until_signalled(
     port: int | None = None,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """`serve_http` until SIGINT or SIGTERM, then shut down gracefully (the CLI's entry point).
+    """`serve_http` until SIGINT or SIGTERM, then shut down gracefully (the CLI's entry point; `app.until_signalled`).
 
     Errors come out as raised (`ConfigError` for a port in use...), not wrapped in a group.
     """
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        try:
-            async with anyio.create_task_group() as tg:
-
-                async def stop_on_signal() -> None:
-                    async for signum in signals:
-                        log.info("http_stopping", signal=signal.Signals(signum).name)
-                        tg.cancel_scope.cancel()
-                        return
-
-                tg.start_soon(stop_on_signal)
-                await serve_http(settings, host=host, port=port, task_status=task_status)
-                tg.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            if len(group.exceptions) == 1 and isinstance(group.exceptions[0], HailGuardError):
-                raise group.exceptions[0] from None
-            raise
+    serving = partial(serve_http, settings, host=host, port=port, task_status=task_status)
+    await until_signalled(serving, event="http_stopping")

@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpx2
+import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client, StdioServerParameters, stdio_client
 
 from tests.conftest import data, email, text
@@ -182,3 +185,69 @@ async def test_four_stdio_servers_on_one_ledger_lose_nothing(tmp_path: Path) -> 
         assert await ledger.count_by_state() == {State.ACCEPTED: 100}
         operations = await ledger.list_operations(limit=200)
         assert [len(await ledger.events(op.id)) for op in operations] == [2] * 100
+
+
+def jsonrpc_line(message: dict[str, Any]) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_a_signal_stops_stdio_serve_with_stdin_still_open_and_records_the_send_in_flight_unknown(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """`docker stop` (SIGTERM) or Ctrl-C (SIGINT) while the client keeps stdin open and a send hangs at Hail."""
+    from hail_guard.ledger import open_ledger
+    from hail_guard.models import State
+
+    async with running_sandbox(tmp_path, "send_email:1:hang_after_accept") as (url, outbox):
+        params = serve_params(tmp_path, url, timeout=600.0)  # only the signal ends the hanging send
+        with (tmp_path / "serve.log").open("w") as errlog:
+            async with await anyio.open_process([params.command, *params.args], cwd=tmp_path, stderr=errlog) as serve:
+                assert serve.stdin is not None
+                assert serve.stdout is not None
+                replies = BufferedByteReceiveStream(serve.stdout)
+                hello = {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "t", "version": "0"},
+                }
+                await serve.stdin.send(jsonrpc_line({"id": 1, "method": "initialize", "params": hello}))
+                with anyio.fail_after(15):
+                    assert json.loads(await replies.receive_until(b"\n", 1 << 20))["id"] == 1
+                await serve.stdin.send(jsonrpc_line({"method": "notifications/initialized"}))
+                call = {"name": "send_email", "arguments": email()}
+                await serve.stdin.send(jsonrpc_line({"id": 2, "method": "tools/call", "params": call}))
+                with anyio.fail_after(15):
+                    while not outbox_lines(outbox):  # noqa: ASYNC110  (another process's file: no event to wait on)
+                        await anyio.sleep(0.02)
+                serve.send_signal(signum)
+                with anyio.fail_after(15):  # stdin stays open: only the signal can end it
+                    assert await serve.wait() == 0
+    async with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        operation = await ledger.find_by_key(KEY)
+        assert operation is not None
+        assert operation.state is State.UNKNOWN
+        assert operation.last_error == "the call was interrupted while Hail had the request"
+        assert [event.to_state for event in await ledger.events(operation.id)] == [State.SENDING, State.UNKNOWN]
+    assert f'"signal": "{signum.name}"' in (tmp_path / "serve.log").read_text()
+
+
+async def test_stdin_read_when_readable_gives_the_lines_however_the_pipe_cuts_them(tmp_path: Path) -> None:
+    from hail_guard.app import ReadableStdin
+
+    read_end, write_end = os.pipe()
+    with os.fdopen(read_end) as stream:
+        stdin = ReadableStdin(stream)
+        lines: list[str] = []
+
+        async def read_all() -> None:
+            async for line in stdin:
+                lines.append(line)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_all)
+            for piece in (b'{"a"', b': "\xc3', b'\xa9"}\n{"b": 2}\n{"c"', b": 3}"):  # é cut in two, then no newline
+                os.write(write_end, piece)
+                await anyio.lowlevel.checkpoint()  # lets the reader take each piece as it comes
+            os.close(write_end)
+    assert lines == ['{"a": "é"}\n', '{"b": 2}\n', '{"c": 3}']

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import anyio
@@ -53,7 +54,7 @@ def add_commands(commands: Commands) -> None:
 
 async def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if args.transport == "stdio":
-        await app.serve_stdio(settings)
+        await app.until_signalled(partial(app.serve_stdio, settings), event="stdio_stopping")
     else:
         from hail_guard import web
 
