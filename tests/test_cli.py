@@ -133,9 +133,9 @@ def test_a_command_prints_its_result_and_warnings_only_as_text_and_the_log_with_
     batch.write_text(json.dumps({"tool": "send_email", "arguments": CONSENTED}) + "\n")
     code, out, err = run(capsys, "batch", "plan", str(batch))
     assert (code, json.loads(out)["counts"]) == (0, {"ready": 1})
-    assert err.splitlines() == [
-        "hail-guard: warning: no upstream configured: using the built-in sandbox; nothing real is sent"
-    ]
+    [created, sandbox] = err.splitlines()  # each warning a line of text, and nothing else
+    assert created.startswith("hail-guard: warning: no ledger was there: a new, empty one was made")
+    assert sandbox == "hail-guard: warning: no upstream configured: using the built-in sandbox; nothing real is sent"
     code, _, err = run(capsys, "batch", "list", "--verbose")
     assert code == 0
     assert "upstream_connected" not in err  # it reads the ledger only

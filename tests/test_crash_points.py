@@ -150,6 +150,8 @@ class Campaign:
         or an SMS the carrier refuses (Hail answers `failed`), keyed by its content."""
         label = f"m{len(self.sends):04d}"
         kind = self.rng.choice(["email_metadata", "email_content", "sms_caller_key", "sms_refused"])
+        if kind == "sms_refused" and any(send.arguments.get("to") == SMS_CARRIER_REFUSED for send in self.sends):
+            kind = "sms_caller_key"  # one message to the refused number: a second, different one would be held
         if kind.startswith("sms"):
             number = SMS_CARRIER_REFUSED if kind == "sms_refused" else f"+1415555{len(self.sends):04d}"
             arguments: dict[str, Any] = {"to": number, "body": f"Hello {label}", "recipient_consent": True}

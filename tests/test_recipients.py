@@ -157,7 +157,7 @@ _SAFE_LETTERS = "abcdefghijklmnopqrstuvwxyzéèüöçñåø"
 """Letters whose lower case reaches the same text from either case (no dotless i; no ß, whose upper case SS is
 another mailbox: lower-cased, never case-folded)."""
 _locals = st.text(alphabet=_SAFE_LETTERS + "0123456789._-", min_size=1, max_size=12).filter(
-    lambda local: local[0] not in "._-" and local[-1] not in "._-"
+    lambda local: local[0] not in "._-" and local[-1] not in "._-" and ".." not in local  # RFC 5322's dot-atoms
 )
 _labels = st.text(alphabet=_SAFE_LETTERS + "0123456789", min_size=2, max_size=10)
 
