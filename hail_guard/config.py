@@ -4,9 +4,11 @@ The file comes from `--config` or `HAIL_GUARD_CONFIG`; without one every setting
 the in-process sandbox as upstream (nothing real is sent) and a ledger in the per-user data folder.
 Environment overrides are `HAIL_GUARD_<SECTION>_<KEY>` (e.g. `HAIL_GUARD_LEDGER_URL`,
 `HAIL_GUARD_UPSTREAM_URL`, `HAIL_GUARD_UPSTREAM_TIMEOUT_SECONDS`). The upstream token is never stored
-here: `token_env` names the variable that holds it; without one, an HTTP upstream gets the sign-in that
-`hail-guard login` kept in `signin_dir`. The HTTP server's own token comes from the variable
-`[http] token_env` names (default `HAIL_GUARD_TOKEN`), else from `[http] token`; the variable wins.
+here: `token_env` names the variable that holds it (unset: the one the profile names, `key_env`: HAIL_API_KEY,
+RESEND_API_KEY...); without a token, an HTTP upstream gets the sign-in that `hail-guard login` kept in
+`signin_dir`. A stdio upstream also gets `[upstream.env]`, each `${NAME}` in it filled from hail-guard's own
+environment (`resolved_env`: a missing one is an error that names it). The HTTP server's own token comes from
+the variable `[http] token_env` names (default `HAIL_GUARD_TOKEN`), else from `[http] token`; the variable wins.
 Hail's webhook signing secret likewise lives only in the variable `[webhooks] secret_env` names.
 """
 
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import shlex
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +29,9 @@ from hail_guard import keys
 from hail_guard.errors import ConfigError
 
 ENV_PREFIX = "HAIL_GUARD_"
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+"""`${NAME}` in an `[upstream.env]` value: hail-guard's own variable NAME."""
+_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LIST_KEYS = frozenset({"guarded_tools", "allowed_hosts", "allowed_origins", "trusted_proxies"})
 """Settings given in the environment as comma-separated lists."""
 
@@ -49,6 +56,9 @@ class UpstreamSettings(_Section):
     """None: `http` when `url` is set, `stdio` when `command` is, else the sandbox."""
     url: str | None = None
     command: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    """Variables for a stdio command (`[upstream.env]`: `RESEND_BASE_URL`, `SENDER_EMAIL_ADDRESS`...); a value
+    `${NAME}` is taken from hail-guard's environment. Secrets in logs and `status`, unless they are URLs."""
     token_env: str = "HAIL_API_KEY"  # noqa: S105  (the name of a variable, not a secret)
     timeout_seconds: float = Field(default=45.0, gt=0, le=3600)
     profile: str = Field(default="hail", min_length=1)
@@ -70,10 +80,51 @@ class UpstreamSettings(_Section):
     def _split_command(cls, value: object) -> object:
         return shlex.split(value) if isinstance(value, str) else value
 
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, given in value.items():
+            if not _VARIABLE.match(name):
+                raise ValueError(f"{name!r} is not a variable name (letters, digits and _, not first a digit)")
+            if "\x00" in given:
+                raise ValueError(f"{name}: a variable cannot hold a NUL character")
+        return value
+
+    def resolved_env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """`[upstream.env]` with each `${NAME}` taken from `environ` (hail-guard's); a missing one is refused."""
+        environ = os.environ if environ is None else environ
+        missing = sorted({name for value in self.env.values() for name in _REFERENCE.findall(value)} - set(environ))
+        if missing:
+            users = [name for name, value in self.env.items() if set(_REFERENCE.findall(value)) & set(missing)]
+            raise ConfigError(
+                f"[upstream.env] {', '.join(users)} take {', '.join('${' + name + '}' for name in missing)} from "
+                f"hail-guard's environment, where {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                "not set: set it before hail-guard starts, or write the value itself; nothing was started"
+            )
+        return {name: _REFERENCE.sub(lambda found: environ[found[1]], value) for name, value in self.env.items()}
+
+    def command_problem(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """Why the stdio command cannot be started (not found on the PATH, a variable missing), else None."""
+        if self.kind != "stdio" or not self.command:
+            return None
+        try:
+            self.resolved_env(environ)
+        except ConfigError as exc:
+            return str(exc)
+        path = (os.environ if environ is None else environ).get("PATH")
+        if shutil.which(self.command[0], path=path) is None:
+            return f"{self.command[0]!r} is not found on the PATH ({path or 'unset'}): give its absolute path"
+        return None
+
     @property
     def kind(self) -> Literal["http", "sse", "stdio", "sandbox"]:
         if self.transport is not None:
             return self.transport
+        if self.url and self.command:
+            raise ConfigError(
+                "[upstream] has both a url and a command (a url from HAIL_GUARD_UPSTREAM_URL, say): remove the "
+                'one not meant, or name the transport ([upstream] transport = "stdio" or "http")'
+            )
         if self.url:
             return "http"
         return "stdio" if self.command else "sandbox"
@@ -280,10 +331,24 @@ def load_settings(path: str | None = None, environ: Mapping[str, str] | None = N
     except ValidationError as exc:
         problems = "; ".join(_problem(error, variables) for error in exc.errors())
         raise ConfigError(f"the configuration is not valid ({path or 'defaults and environment'}): {problems}") from exc
-    profile = settings.upstream.profile
-    if path and ("upstream", "profile") not in variables and _is_relative_file(profile):
-        settings.upstream.profile = str(Path(path).parent / profile)  # beside the file that names it
+    upstream = settings.upstream
+    if path and ("upstream", "profile") not in variables and _is_relative_file(upstream.profile):
+        upstream.profile = str(Path(path).parent / upstream.profile)  # beside the file that names it
+    if "token_env" not in upstream.model_fields_set:  # the profile's, and still not said by the config
+        upstream.token_env = _key_env(upstream.profile) or upstream.token_env
+        upstream.model_fields_set.discard("token_env")
     return settings
+
+
+def _key_env(profile: str) -> str | None:
+    """The variable the profile says holds the upstream's key; None when it says none (or does not read:
+    loading it for real says why)."""
+    from hail_guard.profiles import load_profile  # here: the profiles load only when a config names one
+
+    try:
+        return load_profile(profile).key_env
+    except ConfigError:
+        return None
 
 
 def _is_relative_file(profile: str) -> bool:

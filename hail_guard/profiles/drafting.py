@@ -48,7 +48,7 @@ _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 REVIEW = "  # REVIEW: guessed from the schema"
 
 
-def draft(tools: Sequence[types.Tool], *, source: str, name: str) -> str:
+def draft(tools: Sequence[types.Tool], *, source: str, name: str, key_env: str | None = None) -> str:
     """The TOML text of a profile for the upstream whose `tools/list` answered `tools`."""
     reads = [tool for tool in tools if not sending.writes_to_world(tool)]
     senders = [tool for tool in tools if sending.sends(tool)]
@@ -61,6 +61,7 @@ def draft(tools: Sequence[types.Tool], *, source: str, name: str) -> str:
         "",
         "[profile]",
         f"name = {toml_string(name)}",
+        *([f"key_env = {toml_string(key_env)}  # the variable that holds its API key"] if key_env else []),
     ]
     if passed:
         lines += [
