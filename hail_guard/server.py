@@ -106,9 +106,14 @@ class Proxy:
         tool = self.tools.get(name) if name in self.guarded else None
         return dict(tool.input_schema) if tool is not None else None
 
+    @property
+    def upstream_name(self) -> str:
+        """How every text names the upstream: the profile's display name."""
+        return self.settings.profile.display_name
+
     def own_tools(self) -> dict[str, OwnTool]:
         """hail-guard's own tools, the review queue included when it is exposed."""
-        return offered(review=self.expose_review)
+        return offered(review=self.expose_review, upstream=self.upstream_name)
 
     def listed_tools(self) -> list[types.Tool]:
         """What the agent sees: upstream tools verbatim (guarded ones also take allow_duplicate), then ours."""
@@ -182,7 +187,7 @@ class Proxy:
         """One tool call, with every error of ours turned into a clear MCP result; observed."""
         started, outcome = time.monotonic(), "cancelled"
         try:
-            with structlog.contextvars.bound_contextvars(tool=name):
+            with structlog.contextvars.bound_contextvars(tool=name), policy.naming(self.upstream_name):
                 answered = await self._answer(name, arguments, progress)
             outcome = answered.outcome
             return answered.result
@@ -219,7 +224,8 @@ class Proxy:
 
     async def _guarded(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> Answered:
         await self._refuse_if_changed(name)
-        report = await self.guard.send(name, arguments, self.tools[name].input_schema)
+        schema = self.tools[name].input_schema
+        report = await self.guard.send(name, policy.without_unaccepted_nulls(arguments, schema), schema)
         return Answered(_send_result(report), "replayed" if report.replayed else report.operation.state.value)
 
     async def _passed(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> Answered:
@@ -242,7 +248,7 @@ def _plain(result: types.CallToolResult) -> Answered:
 
 
 def _send_result(report: SendReport) -> types.CallToolResult:
-    """A guarded send's answer: Hail's own record when it has one, else what happened and the next step."""
+    """A guarded send's answer: the upstream's own record when it has one, else what happened and the next step."""
     operation = report.operation
     view = views.operation_view(operation, replayed=report.replayed)
     guard_view = {key: value for key, value in view.items() if key in _GUARD_FIELDS}
@@ -285,8 +291,8 @@ def build_server(proxy: Proxy) -> Server[Any]:
         "hail-guard",
         version=__version__,
         instructions=(
-            "hail-guard stands in front of Hail: sends are recorded before they are forwarded and never "
-            "sent twice. When a send's outcome is unknown, do NOT resend it: call `reconcile`."
+            f"hail-guard stands in front of {proxy.upstream_name}: sends are recorded before they are forwarded "
+            "and never sent twice. When a send's outcome is unknown, do NOT resend it: call `reconcile`."
         ),
         get_tool_input_schema=proxy.input_schema,
         on_list_tools=on_list_tools,

@@ -1,5 +1,6 @@
-"""Pure decisions: what Hail's answer means, what state follows, what is refused up front, what an agent
-is told. No I/O anywhere in the package; every other part of hail-guard asks here.
+"""Pure decisions: what the upstream's answer means, what state follows, what is refused up front, what an
+agent is told. No I/O anywhere in the package; every other part of hail-guard asks here. Every text names
+the upstream by the profile's display name (`upstream_name`, set with `naming`).
 
 - `outcomes`: an upstream's answers classified by its profile, the state that follows a first attempt or a
   replay, reconcile's next step (DESIGN.md, classification and reconcile).
@@ -22,14 +23,17 @@ from hail_guard.policy.answers import (
     Failure,
     failure_of,
     headline,
+    naming,
     next_step,
     sentence,
     state_phrase,
+    upstream_name,
 )
 from hail_guard.policy.arguments import (
     check_rules,
     differing_fields,
     validate_arguments,
+    without_unaccepted_nulls,
 )
 from hail_guard.policy.operator import (
     REVIEW_RESOLUTIONS,
@@ -106,6 +110,7 @@ __all__ = [
     "key_conflict",
     "lookup_failed",
     "meaning_differences",
+    "naming",
     "next_step",
     "not_in_review",
     "outcome_of_replay",
@@ -125,5 +130,7 @@ __all__ = [
     "state_phrase",
     "suppressed_refusal",
     "suppression_reason",
+    "upstream_name",
     "validate_arguments",
+    "without_unaccepted_nulls",
 ]

@@ -22,6 +22,32 @@ from hail_guard.errors import (
 from hail_guard.profiles import Rule, ToolSpec
 
 
+def without_unaccepted_nulls(arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments without a `null` given for an optional one whose schema takes no null (`cc: null` to
+    resend-mcp): an agent's regenerated call means "not given" by it, and the upstream would refuse it."""
+    required = set(schema.get("required") or ())
+    properties = schema.get("properties")
+    declared = properties if isinstance(properties, Mapping) else {}
+    return {
+        name: value
+        for name, value in arguments.items()
+        if value is not None or name in required or name not in declared or _takes_null(declared[name])
+    }
+
+
+def _takes_null(spec: Any) -> bool:
+    if not isinstance(spec, Mapping) or not spec:
+        return True  # free-form: nothing rules a null out
+    kinds = spec.get("type")
+    if (
+        kinds == "null"
+        or (isinstance(kinds, list) and "null" in kinds)
+        or (kinds is None and "anyOf" not in spec and "oneOf" not in spec)
+    ):
+        return True
+    return any(_takes_null(choice) for key in ("anyOf", "oneOf") for choice in spec.get(key) or ())
+
+
 def validate_arguments(tool: str, arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> None:
     """Check arguments against the tool's own input schema, naming the first bad field."""
     nesting.check_arguments(tool, arguments)  # first: the schema check recurses once per level
