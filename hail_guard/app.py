@@ -138,6 +138,8 @@ async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> A
             expose_review=settings.review.expose_to_agent,
         )
         await proxy.refresh_tools()
+        if (misfit := proxy.misfit_text()) is not None:
+            raise ConfigError(f"{misfit}; hail-guard did not start")
         log.info(
             "proxy_ready", profile=proxy.settings.profile.name, tools=len(proxy.tools), guarded=sorted(proxy.guarded)
         )

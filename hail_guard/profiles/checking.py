@@ -34,7 +34,8 @@ class Finding:
     """An error `serve` answers per call (the tool is refused to the agent) rather than at start."""
 
 
-CHECK_COMMAND = "hail-guard profile check PROFILE --from URL_OR_COMMAND"
+CHECK_COMMAND = "hail-guard profile check PROFILE"
+"""What checks a profile against the configured upstream (`--from` for another)."""
 
 
 def check(profile: Profile, tools: Iterable[types.Tool]) -> list[Finding]:
@@ -107,7 +108,8 @@ def _arguments(spec: ToolSpec, tool: types.Tool, *, inherited: set[str]) -> list
             Finding(
                 "error",
                 f"{spec.name}.key",
-                f"{spec.key!r} is not named like an idempotency key (idempotency_key, idempotencyKey...): a wrong "
+                f"{pointers.pointer_to(spec.key)!r} is not named like an idempotency key (idempotency_key, "
+                "idempotencyKey...): a wrong "
                 "key is never set, and a replay sends again. Point key at the tool's key argument, or say "
                 "key_checked = true if this one is",
             )
