@@ -53,7 +53,8 @@ async def test_a_sending_tool_the_profile_forgets_is_refused_never_forwarded(tmp
     async with rig(tmp_path, parse_profile(SEND_EMAIL_ONLY, "resend-old"), fake) as r:
         first = await r.call("send-batch-emails", BATCH)
         again = await r.call("send-batch-emails", BATCH)
-        assert first.is_error and again.is_error
+        assert first.is_error
+        assert again.is_error
         assert "hail-guard refuses send-batch-emails" in text(first)
         assert "neither guards it nor lets it pass; nothing was sent" in text(first)
         assert fake.outbox == []
@@ -184,6 +185,7 @@ def test_status_shows_the_upstream_env_without_its_secrets_and_says_why_the_comm
     out = capsys.readouterr().out
     report = json.loads(out)
     assert report["upstream_env"] == {"SENDER_EMAIL_ADDRESS": "(secret)", "RESEND_BASE_URL": "https://api.test/"}
-    assert "hello@acme.test" not in out and "pa55" not in out
+    assert "hello@acme.test" not in out
+    assert "pa55" not in out
     [problem] = [w for w in report["warnings"] if "could not be started" in w]
     assert problem.startswith("the upstream (Resend) could not be started: 'no-such-resend-mcp' is not found")
