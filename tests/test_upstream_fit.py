@@ -99,7 +99,7 @@ async def test_a_profile_that_does_not_fit_is_refused_at_start_naming_each_misfi
         (
             (sys.executable, "-c", "import sys; sys.stderr.write('No API key. Set RESEND_API_KEY\\n'); sys.exit(1)"),
             "it stopped, saying: No API key. Set RESEND_API_KEY",
-        ),  # fmt: skip
+        ),
         (("/nonexistent/resend-mcp",), "FileNotFoundError"),
     ],
 )
