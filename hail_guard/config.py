@@ -324,7 +324,7 @@ def load_settings(path: str | None = None, environ: Mapping[str, str] | None = N
             continue
         section, _, key = name.removeprefix(ENV_PREFIX).lower().partition("_")
         if section in Settings.model_fields and key:
-            data.setdefault(section, {})[key] = [v for v in value.split(",") if v] if key in _LIST_KEYS else value
+            data.setdefault(section, {})[key] = _from_variable(name, key, value)
             variables[(section, key)] = name
     try:
         settings = Settings.model_validate(data)
@@ -349,6 +349,23 @@ def _key_env(profile: str) -> str | None:
         return load_profile(profile).key_env
     except ConfigError:
         return None
+
+
+def _from_variable(name: str, key: str, value: str) -> Any:
+    """A setting as a variable gives it: a list comma-separated, `[upstream.env]` a JSON object, else text."""
+    if key in _LIST_KEYS:
+        return [v for v in value.split(",") if v]
+    if key != "env":
+        return value
+    import json  # here: only HAIL_GUARD_UPSTREAM_ENV needs it
+
+    try:
+        table = json.loads(value)
+    except ValueError:
+        table = None
+    if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+        raise ConfigError(f'{name} must be a JSON object of texts, such as {{"RESEND_BASE_URL": "https://..."}}')
+    return table
 
 
 def _is_relative_file(profile: str) -> bool:
