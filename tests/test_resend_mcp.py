@@ -281,3 +281,27 @@ def test_profile_check_against_resend_mcp_without_its_key_says_the_upstream_coul
     assert "the upstream (Resend) could not be started" in said
     assert "No API key" in said  # resend-mcp's own words, from its stderr
     assert "Hail" not in said
+
+
+async def test_the_readme_resend_setup_serves_as_pasted_with_only_the_package_and_the_api_swapped(
+    tmp_path: Path, resend_mcp: Path
+) -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    after = readme.index("Resend's server over stdio, talking to Resend's API")
+    start = readme.index("```toml\n", after) + len("```toml\n")
+    block = readme[start : readme.index("```", start)]
+    assert 'command = ["npx", "-y", "resend-mcp@2.22.0"]' in block
+    assert 'RESEND_BASE_URL = "https://api.resend.com"' in block
+    api = ResendApi()
+    async with serving(api) as url:
+        pasted = block.replace('["npx", "-y", "resend-mcp@2.22.0"]', json.dumps(["node", str(resend_mcp)]))
+        pasted = pasted.replace('"https://api.resend.com"', json.dumps(url))  # the fake, not production
+        config = tmp_path / "hail-guard.toml"
+        config.write_text(f'[ledger]\nurl = "sqlite:///{tmp_path / "ledger.db"}"\n[delivery]\npoll = false\n' + pasted)
+        args = ["-m", "hail_guard", "--config", str(config), "serve"]
+        env = {"RESEND_API_KEY": API_KEY, "PATH": os.environ["PATH"]}
+        params = StdioServerParameters(command=sys.executable, args=args, env=env, cwd=str(tmp_path))
+        async with Client(params, mode="legacy") as client:
+            sent = await client.call_tool("send-email", email())
+    assert guard(sent)["state"] == "accepted", text(sent)
+    assert api.delivered() == {ADA: 1}
