@@ -179,9 +179,10 @@ class Proxy:
         """Hold the profile against the tools listed: refuse the senders it forgets, note where it misfits."""
         profile = self.settings.profile
         senders = unguarded_senders(profile, self.tools.values(), self.guarded)
-        self.refused = {tool.name: sending.why_it_sends(tool) for tool in senders}
-        if self.refused:
-            log.warning("unguarded_senders_refused", tools=sorted(self.refused), profile=profile.source)
+        refused = {tool.name: sending.why_it_sends(tool) for tool in senders}
+        if refused and set(refused) != set(self.refused):
+            log.warning("unguarded_senders_refused", tools=sorted(refused), profile=profile.source)
+        self.refused = refused
         misfits = [finding for finding in check(profile, listed) if finding.level == "error" and not finding.per_call]
         if misfits and misfits != self.misfits:
             log.error("profile_does_not_fit", profile=profile.source, misfits=[f"{f.where}: {f.what}" for f in misfits])

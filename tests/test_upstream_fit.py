@@ -189,3 +189,11 @@ def test_status_shows_the_upstream_env_without_its_secrets_and_says_why_the_comm
     assert "pa55" not in out
     [problem] = [w for w in report["warnings"] if "could not be started" in w]
     assert problem.startswith("the upstream (Resend) could not be started: 'no-such-resend-mcp' is not found")
+
+
+def test_the_upstream_env_can_come_from_one_variable_as_a_json_object(tmp_path: Path) -> None:
+    """What client-config writes into a client's entry (`HAIL_GUARD_UPSTREAM_ENV`)."""
+    given = {"HAIL_GUARD_UPSTREAM_ENV": '{"RESEND_BASE_URL": "https://api.resend.test"}'}
+    assert load_settings(None, environ=given).upstream.env == {"RESEND_BASE_URL": "https://api.resend.test"}
+    with pytest.raises(ConfigError, match="HAIL_GUARD_UPSTREAM_ENV must be a JSON object of texts"):
+        load_settings(None, environ={"HAIL_GUARD_UPSTREAM_ENV": "RESEND_BASE_URL=https://x"})
