@@ -183,6 +183,22 @@ async def test_a_repeated_send_batch_emails_sends_each_email_once(tmp_path: Path
     assert api.requests["batch"] == 1
 
 
+async def test_a_repeated_broadcast_and_a_repeated_event_are_each_sent_once(tmp_path: Path, resend_mcp: Path) -> None:
+    api = ResendApi()
+    broadcast = {"broadcastId": "b7f9c2e1-2f57-4d0e-9d1a-1c2b3d4e5f60"}
+    event = {"event": "user.signed_up", "email": ADA}
+    async with agent(tmp_path, resend_mcp, api) as client:
+        sent = await client.call_tool("send-broadcast", broadcast)
+        assert guard(sent)["state"] == "accepted", text(sent)
+        assert data(sent)["id"] == broadcast["broadcastId"]  # read from resend-mcp's two text blocks
+        assert guard(await client.call_tool("send-broadcast", broadcast))["replayed"] is True
+        fired = await client.call_tool("send-event", event)
+        assert guard(fired)["state"] == "accepted", text(fired)
+        assert guard(await client.call_tool("send-event", event))["replayed"] is True
+    assert api.broadcasts_sent == [broadcast["broadcastId"]]
+    assert [sent["email"] for sent in api.events_sent] == [ADA]
+
+
 async def test_a_batch_of_20_through_faults_reaches_each_lead_once(tmp_path: Path, resend_mcp: Path) -> None:
     api = ResendApi()
     api.fault("emails", 3, "hang_after_accept")
