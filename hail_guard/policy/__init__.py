@@ -11,8 +11,9 @@ the upstream by the profile's display name (`upstream_name`, set with `naming`).
 - `answers`: what an agent is told: states in words, the one next step, headlines, every failure.
 - `operator`: review resolutions, resends, opt-outs and pruning, and the texts they write.
 
-`repeats` words its refusals with `answers`; the others stand alone. Each reads the tool's profile
-(`hail_guard.profiles.ToolSpec`) where the upstream's contract matters. Callers use the names below.
+`repeats` words its refusals with `answers`, and every module names the upstream with
+`answers.upstream_name`. Each reads the tool's profile (`hail_guard.profiles.ToolSpec`) where the
+upstream's contract matters. Callers use the names below.
 """
 
 from __future__ import annotations
