@@ -133,14 +133,17 @@ class UpstreamSettings(_Section):
         return os.environ.get(self.token_env) or None
 
     def token_warning(self, *, signed_in: bool = False) -> str | None:
-        """Why sends may be refused (HTTP 401): a Hail URL is set, but the token variable is empty or unset
+        """Why sends may be refused (HTTP 401): an upstream URL is set, but the token variable is empty or unset
         and (for Streamable HTTP) there is no sign-in either (`signed_in`: `hail-guard login` kept one)."""
         if self.kind not in ("http", "sse") or self.token() or (self.kind == "http" and signed_in):
             return None
+        from hail_guard.policy import upstream_name  # here: only a warning names the upstream
+
         fix = f"set {self.token_env}" + (", or run `hail-guard login`" if self.kind == "http" else "")
+        name = upstream_name()
         return (
-            f"{self.token_env} is not set: hail-guard sends Hail no token, and a Hail that checks tokens refuses "
-            f"every send (HTTP 401); {fix}"
+            f"{self.token_env} is not set: hail-guard sends {name} no token, and a {name} that checks tokens "
+            f"refuses every send (HTTP 401); {fix}"
         )
 
 

@@ -366,11 +366,11 @@ def _remind(args: argparse.Namespace, upstream: Upstream, token_env: str) -> Non
             else "run `hail-guard login` as this user, then restart the client"
         )
     elif args.client == "claude-code":
-        step = f"export your Hail key as {token_env} where you start `claude`"
+        step = f"export your {policy.upstream_name()} key as {token_env} where you start `claude`"
     elif args.client == "vscode":
-        step = "restart VS Code; it asks for the Hail key once"
+        step = f"restart VS Code; it asks for the {policy.upstream_name()} key once"
     else:
-        step = f"replace {TOKEN_PLACEHOLDER} with your Hail key, then restart the client"
+        step = f"replace {TOKEN_PLACEHOLDER} with your {policy.upstream_name()} key, then restart the client"
     print(f"next: {step}", file=sys.stderr)
 
 
