@@ -30,10 +30,7 @@ Cancellation is never caught: the SDK then sends `notifications/cancelled` upstr
 
 from __future__ import annotations
 
-import os
-import re
 import socket
-import sys
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
@@ -48,12 +45,12 @@ import structlog
 from anyio.abc import TaskStatus
 from mcp import Client, ClientSession, MCPError, StdioServerParameters
 from mcp.client.sse import sse_client
-from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
 
 from hail_guard.errors import ConfigError, SignInRequired, UpstreamError, UpstreamLost, UpstreamUnavailable
-from hail_guard.urls import display_url, masked, parse_url
+from hail_guard.spawned import STDERR_LINES, env_secrets, spawned
+from hail_guard.urls import masked, parse_url
 
 log = structlog.get_logger(__name__)
 
@@ -63,13 +60,6 @@ BACKOFF_MIN_SECONDS = 0.25
 BACKOFF_MAX_SECONDS = 15.0
 HTTP_READ_SECONDS = 300.0
 MAX_TOOL_PAGES = 100
-STDERR_LINES = 5
-"""How many of a stdio command's last stderr lines are kept, to say why it could not be started."""
-STDERR_END_SECONDS = 1.0
-"""How long a command that failed to start is given to finish writing its stderr."""
-MIN_SECRET_CHARACTERS = 4
-"""`[upstream.env]` values shorter than this are not scrubbed from foreign messages (they would garble them)."""
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 STREAM_END_SECONDS = 0.05
 """How long a closed event stream is read on for its end (see `_ReadToTheEnd`)."""
 KEEP_ALIVE = httpx2.Limits(max_connections=100, max_keepalive_connections=100)
@@ -100,22 +90,6 @@ class Credentials(Protocol):
 
     def refused(self, token: str) -> str:
         """Hail refused the renewed `token` too: record that, and say what an operator must do."""
-
-
-def env_shown(env: Mapping[str, str]) -> dict[str, str]:
-    """`[upstream.env]` as it may be shown (`status`, logs): a URL through `urls.display_url`, anything else
-    a secret."""
-    return {name: display_url(value) if _URL.match(value) else "(secret)" for name, value in env.items()}
-
-
-def _env_secrets(env: Mapping[str, str]) -> set[str]:
-    found: set[str] = set()
-    for value in env.values():
-        if _URL.match(value):
-            found |= parse_url(value).secrets
-        elif len(value) >= MIN_SECRET_CHARACTERS:
-            found.add(value)
-    return found
 
 
 @dataclass(frozen=True, repr=False)
@@ -157,7 +131,7 @@ class UpstreamTarget:
     def secrets(self) -> frozenset[str]:
         """What no message or log may show: the token, every spelling of a password the URL carries, and the
         values of `env` that are not URLs (and the passwords of those that are)."""
-        found = {self.token, *(parse_url(self.url).secrets if self.url else ()), *_env_secrets(self.env)}
+        found = {self.token, *(parse_url(self.url).secrets if self.url else ()), *env_secrets(self.env)}
         return frozenset(secret for secret in found if secret)
 
     def __repr__(self) -> str:
@@ -327,7 +301,7 @@ class Upstream:
         self._backoff = BACKOFF_MIN_SECONDS
         self._last_error = "not connected yet"
         self._start_failed = target.kind == "stdio"  # a command that has not (yet, again) got as far as answering
-        self._stderr: deque[str] = deque(maxlen=STDERR_LINES)
+        self._stderr: deque[str] = deque(maxlen=STDERR_LINES)  # a command's last words on stderr
         self.server_name: str | None = None
         """The name the upstream server gave when it connected (its `serverInfo`)."""
 
@@ -505,45 +479,11 @@ class Upstream:
             command = StdioServerParameters(
                 command=target.command[0], args=list(target.command[1:]), env={**key, **target.env}
             )
-            return self._stdio_transport(command)
+            return spawned(command, self._stderr)
         headers = dict(target.headers) | ({"Authorization": f"Bearer {target.token}"} if target.token else {})
         if target.kind == "sse":
             return sse_client(target.url or "", headers=headers, timeout=self._connect_timeout)
         return self._http_transport(target.url or "", headers, target.credentials)
-
-    @asynccontextmanager
-    async def _stdio_transport(self, command: StdioServerParameters) -> AsyncIterator[Any]:
-        """The command's stdio, its stderr copied to ours and its last lines kept (`_exited`)."""
-        self._stderr.clear()
-        read_end, write_end = os.pipe()
-        os.set_blocking(read_end, False)
-        ended = anyio.Event()
-        try:
-            with os.fdopen(write_end, "w") as errlog:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._copy_stderr, read_end, ended)
-                    try:
-                        async with stdio_client(command, errlog=errlog) as streams:
-                            yield streams
-                    finally:
-                        errlog.close()  # ours: the command's own copy ends with it
-                        with anyio.move_on_after(STDERR_END_SECONDS, shield=True):
-                            await ended.wait()
-                        tg.cancel_scope.cancel()
-        finally:
-            os.close(read_end)
-
-    async def _copy_stderr(self, read_end: int, ended: anyio.Event) -> None:
-        partial = b""
-        try:
-            while chunk := await _read_some(read_end):
-                _echo(chunk)
-                *lines, partial = (partial + chunk).split(b"\n")
-                self._stderr.extend(line.decode("utf-8", "replace") for line in lines if line.strip())
-            if partial.strip():
-                self._stderr.append(partial.decode("utf-8", "replace"))
-        finally:
-            ended.set()
 
     @asynccontextmanager
     async def _http_transport(
@@ -553,25 +493,6 @@ class Upstream:
         http = httpx2.AsyncClient(headers=headers, timeout=timeout, transport=_NotSentTransport(credentials))
         async with http, streamable_http_client(url, http_client=http) as streams:
             yield streams
-
-
-def _echo(chunk: bytes) -> None:
-    """A command's stderr on ours, as it wrote it (where the operator has always read it)."""
-    out = getattr(sys.stderr, "buffer", None)
-    if out is not None:
-        out.write(chunk)
-    else:
-        sys.stderr.write(chunk.decode("utf-8", "replace"))
-    sys.stderr.flush()
-
-
-async def _read_some(fd: int) -> bytes:
-    """What a non-blocking pipe holds next; b"" at its end."""
-    while True:
-        try:
-            return os.read(fd, 65536)
-        except BlockingIOError:
-            await anyio.wait_readable(fd)
 
 
 @asynccontextmanager

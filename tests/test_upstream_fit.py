@@ -23,7 +23,8 @@ from hail_guard.ledger import open_ledger
 from hail_guard.models import State
 from hail_guard.profiles import built_in, parse_profile
 from hail_guard.server import Proxy, build_server
-from hail_guard.upstream import UpstreamTarget, connect_upstream, env_shown
+from hail_guard.spawned import env_shown
+from hail_guard.upstream import UpstreamTarget, connect_upstream
 from tests.conftest import data, text
 from tests.test_other_upstreams import rig
 

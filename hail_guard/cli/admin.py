@@ -16,7 +16,8 @@ from hail_guard.config import Settings
 from hail_guard.errors import ConfigError
 from hail_guard.ledger import migrate as migrate_ledger
 from hail_guard.models import State
-from hail_guard.upstream import UpstreamTarget, env_shown
+from hail_guard.spawned import env_shown
+from hail_guard.upstream import UpstreamTarget
 from hail_guard.urls import display_url
 from hail_guard.views import operation_view
 
