@@ -35,7 +35,10 @@ RESEND_MCP = VENDOR / "node_modules" / "resend-mcp" / "dist" / "index.js"
 API_KEY = "re_test_0123456789abcdef"  # what the fake API takes; never a real key
 ADA, BOB = "ada@example.com", "bob@example.com"
 SENDER = "Acme <hello@acme.test>"
-TIMEOUT_SECONDS = 3
+TIMEOUT_SECONDS = 30.0
+"""hail-guard's upstream timeout where nothing is meant to hang: generous, for a loaded machine."""
+HANG_SECONDS = 5.0
+"""Where Resend's answer is meant never to come: how long hail-guard waits before it records `unknown`."""
 
 
 @pytest.fixture
@@ -73,10 +76,12 @@ def environment(api_url: str) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def agent(tmp_path: Path, server: Path, api: ResendApi) -> AsyncIterator[Client]:
+async def agent(
+    tmp_path: Path, server: Path, api: ResendApi, *, timeout: float = TIMEOUT_SECONDS
+) -> AsyncIterator[Client]:
     """The fake API, and an agent's MCP client talking to `hail-guard serve` over stdio (which starts resend-mcp)."""
     async with serving(api) as url:
-        args = ["-m", "hail_guard", "--config", str(config(tmp_path, server)), "serve"]
+        args = ["-m", "hail_guard", "--config", str(config(tmp_path, server, timeout=timeout)), "serve"]
         params = StdioServerParameters(command=sys.executable, args=args, env=environment(url), cwd=str(tmp_path))
         async with Client(params, mode="legacy") as client:
             yield client
@@ -130,7 +135,7 @@ async def test_a_send_that_hangs_after_resend_accepted_it_is_unknown_then_reconc
 ) -> None:
     api = ResendApi()
     api.fault("emails", 1, "hang_after_accept")
-    async with agent(tmp_path, resend_mcp, api) as client:
+    async with agent(tmp_path, resend_mcp, api, timeout=HANG_SECONDS) as client:
         lost = await client.call_tool("send-email", email())
         assert guard(lost)["state"] == "unknown", text(lost)
         assert "Resend may already have sent this message" in text(lost)
@@ -206,7 +211,7 @@ async def test_a_batch_of_20_through_faults_reaches_each_lead_once(tmp_path: Pat
     api.fault("emails", 11, "rate_limit")
     leads = [f"lead{n:02}@example.com" for n in range(20)]
     sends = [{"tool": "send-email", "arguments": email(to=lead, subject=f"Hello {n}")} for n, lead in enumerate(leads)]
-    async with agent(tmp_path, resend_mcp, api) as client:
+    async with agent(tmp_path, resend_mcp, api, timeout=HANG_SECONDS) as client:
         planned = await client.call_tool("plan_batch", {"sends": sends, "name": "twenty"})
         batch_id = data(planned)["batch_id"]
         await client.call_tool("run_batch", {"batch_id": batch_id, "concurrency": 1})
