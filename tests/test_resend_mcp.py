@@ -77,11 +77,11 @@ def environment(api_url: str) -> dict[str, str]:
 
 @asynccontextmanager
 async def agent(
-    tmp_path: Path, server: Path, api: ResendApi, *, timeout: float = TIMEOUT_SECONDS
+    tmp_path: Path, server: Path, api: ResendApi, *, upstream_seconds: float = TIMEOUT_SECONDS
 ) -> AsyncIterator[Client]:
     """The fake API, and an agent's MCP client talking to `hail-guard serve` over stdio (which starts resend-mcp)."""
     async with serving(api) as url:
-        args = ["-m", "hail_guard", "--config", str(config(tmp_path, server, timeout=timeout)), "serve"]
+        args = ["-m", "hail_guard", "--config", str(config(tmp_path, server, timeout=upstream_seconds)), "serve"]
         params = StdioServerParameters(command=sys.executable, args=args, env=environment(url), cwd=str(tmp_path))
         async with Client(params, mode="legacy") as client:
             yield client
@@ -135,7 +135,7 @@ async def test_a_send_that_hangs_after_resend_accepted_it_is_unknown_then_reconc
 ) -> None:
     api = ResendApi()
     api.fault("emails", 1, "hang_after_accept")
-    async with agent(tmp_path, resend_mcp, api, timeout=HANG_SECONDS) as client:
+    async with agent(tmp_path, resend_mcp, api, upstream_seconds=HANG_SECONDS) as client:
         lost = await client.call_tool("send-email", email())
         assert guard(lost)["state"] == "unknown", text(lost)
         assert "Resend may already have sent this message" in text(lost)
@@ -211,7 +211,7 @@ async def test_a_batch_of_20_through_faults_reaches_each_lead_once(tmp_path: Pat
     api.fault("emails", 11, "rate_limit")
     leads = [f"lead{n:02}@example.com" for n in range(20)]
     sends = [{"tool": "send-email", "arguments": email(to=lead, subject=f"Hello {n}")} for n, lead in enumerate(leads)]
-    async with agent(tmp_path, resend_mcp, api, timeout=HANG_SECONDS) as client:
+    async with agent(tmp_path, resend_mcp, api, upstream_seconds=HANG_SECONDS) as client:
         planned = await client.call_tool("plan_batch", {"sends": sends, "name": "twenty"})
         batch_id = data(planned)["batch_id"]
         await client.call_tool("run_batch", {"batch_id": batch_id, "concurrency": 1})
