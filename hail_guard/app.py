@@ -38,9 +38,11 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
-def upstream_target(settings: Settings) -> UpstreamTarget:
+def upstream_target(settings: Settings, profile: Profile | None = None) -> UpstreamTarget:
+    """Where the configured upstream is, named as `profile` (default: the configured one) names it."""
     upstream = settings.upstream
     kind = upstream.kind
+    name = (profile or load_profile(settings)).display_name
     if kind == "sandbox":
         from hail_guard.sandbox import Sandbox
 
@@ -51,12 +53,15 @@ def upstream_target(settings: Settings) -> UpstreamTarget:
         )
         return UpstreamTarget(kind="inprocess", server=Sandbox(outbox_path=upstream.sandbox_outbox).server())
     if kind == "stdio":
+        command, env = tuple(upstream.command or ()), upstream.resolved_env()
         return UpstreamTarget(
-            kind="stdio", command=tuple(upstream.command or ()), token=upstream.token(), token_env=upstream.token_env
+            kind="stdio", command=command, token=upstream.token(), token_env=upstream.token_env, env=env, name=name
         )
     token = upstream.token()
     signed_in = sign_in(settings) if kind == "http" and token is None else None
-    return UpstreamTarget(kind=kind, url=upstream.url, token=token, credentials=signed_in, token_env=upstream.token_env)
+    return UpstreamTarget(
+        kind=kind, url=upstream.url, token=token, credentials=signed_in, token_env=upstream.token_env, name=name
+    )
 
 
 def sign_in(settings: Settings) -> SignIn:
@@ -123,7 +128,9 @@ async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> A
     profile = await anyio.to_thread.run_sync(load_profile, settings)  # a bad one is refused before anything opens
     async with (
         open_ledger_from(settings) as opened_ledger,
-        connect_upstream(upstream_target(settings), timeout_seconds=settings.upstream.timeout_seconds) as opened,
+        connect_upstream(
+            upstream_target(settings, profile), timeout_seconds=settings.upstream.timeout_seconds
+        ) as opened,
     ):
         ledger, upstream = opened_ledger, opened
         if metrics is not None:
@@ -140,6 +147,8 @@ async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> A
             expose_review=settings.review.expose_to_agent,
         )
         await proxy.refresh_tools()
+        if (misfit := proxy.misfit_text()) is not None:
+            raise ConfigError(f"{misfit}; hail-guard did not start")
         log.info(
             "proxy_ready",
             ledger=display_url(settings.ledger.url),  # absolute (`config.absolute_ledger_url`), no password

@@ -7,9 +7,11 @@ config file that names it, else (from a variable) from the working folder, and m
 a desktop client starts `serve` in a folder of its own choosing.
 Environment overrides are `HAIL_GUARD_<SECTION>_<KEY>` (e.g. `HAIL_GUARD_LEDGER_URL`,
 `HAIL_GUARD_UPSTREAM_URL`, `HAIL_GUARD_UPSTREAM_TIMEOUT_SECONDS`). The upstream token is never stored
-here: `token_env` names the variable that holds it; without one, an HTTP upstream gets the sign-in that
-`hail-guard login` kept in `signin_dir`. The HTTP server's own token comes from the variable
-`[http] token_env` names (default `HAIL_GUARD_TOKEN`), else from `[http] token`; the variable wins.
+here: `token_env` names the variable that holds it (unset: the one the profile names, `key_env`: HAIL_API_KEY,
+RESEND_API_KEY...); without a token, an HTTP upstream gets the sign-in that `hail-guard login` kept in
+`signin_dir`. A stdio upstream also gets `[upstream.env]`, each `${NAME}` in it filled from hail-guard's own
+environment (`resolved_env`: a missing one is an error that names it). The HTTP server's own token comes from
+the variable `[http] token_env` names (default `HAIL_GUARD_TOKEN`), else from `[http] token`; the variable wins.
 Hail's webhook signing secret likewise lives only in the variable `[webhooks] secret_env` names.
 """
 
@@ -17,7 +19,9 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import shlex
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +32,9 @@ from hail_guard import keys
 from hail_guard.errors import ConfigError
 
 ENV_PREFIX = "HAIL_GUARD_"
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+"""`${NAME}` in an `[upstream.env]` value: hail-guard's own variable NAME."""
+_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LIST_KEYS = frozenset({"guarded_tools", "allowed_hosts", "allowed_origins", "trusted_proxies"})
 """Settings given in the environment as comma-separated lists."""
 
@@ -52,6 +59,9 @@ class UpstreamSettings(_Section):
     """None: `http` when `url` is set, `stdio` when `command` is, else the sandbox."""
     url: str | None = None
     command: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    """Variables for a stdio command (`[upstream.env]`: `RESEND_BASE_URL`, `SENDER_EMAIL_ADDRESS`...); a value
+    `${NAME}` is taken from hail-guard's environment. Secrets in logs and `status`, unless they are URLs."""
     token_env: str = "HAIL_API_KEY"  # noqa: S105  (the name of a variable, not a secret)
     timeout_seconds: float = Field(default=45.0, gt=0, le=3600)
     profile: str = Field(default="hail", min_length=1)
@@ -73,10 +83,51 @@ class UpstreamSettings(_Section):
     def _split_command(cls, value: object) -> object:
         return shlex.split(value) if isinstance(value, str) else value
 
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, given in value.items():
+            if not _VARIABLE.match(name):
+                raise ValueError(f"{name!r} is not a variable name (letters, digits and _, not first a digit)")
+            if "\x00" in given:
+                raise ValueError(f"{name}: a variable cannot hold a NUL character")
+        return value
+
+    def resolved_env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """`[upstream.env]` with each `${NAME}` taken from `environ` (hail-guard's); a missing one is refused."""
+        environ = os.environ if environ is None else environ
+        missing = sorted({name for value in self.env.values() for name in _REFERENCE.findall(value)} - set(environ))
+        if missing:
+            users = [name for name, value in self.env.items() if set(_REFERENCE.findall(value)) & set(missing)]
+            raise ConfigError(
+                f"[upstream.env] {', '.join(users)} take {', '.join('${' + name + '}' for name in missing)} from "
+                f"hail-guard's environment, where {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                "not set: set it before hail-guard starts, or write the value itself; nothing was started"
+            )
+        return {name: _REFERENCE.sub(lambda found: environ[found[1]], value) for name, value in self.env.items()}
+
+    def command_problem(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """Why the stdio command cannot be started (not found on the PATH, a variable missing), else None."""
+        if self.kind != "stdio" or not self.command:
+            return None
+        try:
+            self.resolved_env(environ)
+        except ConfigError as exc:
+            return str(exc)
+        path = (os.environ if environ is None else environ).get("PATH")
+        if shutil.which(self.command[0], path=path) is None:
+            return f"{self.command[0]!r} is not found on the PATH ({path or 'unset'}): give its absolute path"
+        return None
+
     @property
     def kind(self) -> Literal["http", "sse", "stdio", "sandbox"]:
         if self.transport is not None:
             return self.transport
+        if self.url and self.command:
+            raise ConfigError(
+                "[upstream] has both a url and a command (a url from HAIL_GUARD_UPSTREAM_URL, say): remove the "
+                'one not meant, or name the transport ([upstream] transport = "stdio" or "http")'
+            )
         if self.url:
             return "http"
         return "stdio" if self.command else "sandbox"
@@ -85,14 +136,17 @@ class UpstreamSettings(_Section):
         return os.environ.get(self.token_env) or None
 
     def token_warning(self, *, signed_in: bool = False) -> str | None:
-        """Why sends may be refused (HTTP 401): a Hail URL is set, but the token variable is empty or unset
+        """Why sends may be refused (HTTP 401): an upstream URL is set, but the token variable is empty or unset
         and (for Streamable HTTP) there is no sign-in either (`signed_in`: `hail-guard login` kept one)."""
         if self.kind not in ("http", "sse") or self.token() or (self.kind == "http" and signed_in):
             return None
+        from hail_guard.policy import upstream_name  # here: only a warning names the upstream
+
         fix = f"set {self.token_env}" + (", or run `hail-guard login`" if self.kind == "http" else "")
+        name = upstream_name()
         return (
-            f"{self.token_env} is not set: hail-guard sends Hail no token, and a Hail that checks tokens refuses "
-            f"every send (HTTP 401); {fix}"
+            f"{self.token_env} is not set: hail-guard sends {name} no token, and a {name} that checks tokens "
+            f"refuses every send (HTTP 401); {fix}"
         )
 
 
@@ -308,16 +362,19 @@ def load_settings(path: str | None = None, environ: Mapping[str, str] | None = N
             continue
         section, _, key = name.removeprefix(ENV_PREFIX).lower().partition("_")
         if section in Settings.model_fields and key:
-            data.setdefault(section, {})[key] = [v for v in value.split(",") if v] if key in _LIST_KEYS else value
+            data.setdefault(section, {})[key] = _from_variable(name, key, value)
             variables[(section, key)] = name
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(_problem(error, variables) for error in exc.errors())
         raise ConfigError(f"the configuration is not valid ({path or 'defaults and environment'}): {problems}") from exc
-    profile = settings.upstream.profile
-    if path and ("upstream", "profile") not in variables and _is_relative_file(profile):
-        settings.upstream.profile = str(Path(path).parent / profile)  # beside the file that names it
+    upstream = settings.upstream
+    if path and ("upstream", "profile") not in variables and _is_relative_file(upstream.profile):
+        upstream.profile = str(Path(path).parent / upstream.profile)  # beside the file that names it
+    if "token_env" not in upstream.model_fields_set:  # the profile's, and still not said by the config
+        upstream.token_env = _key_env(upstream.profile) or upstream.token_env
+        upstream.model_fields_set.discard("token_env")
     base = Path(path).absolute().parent if path and ("ledger", "url") not in variables else None
     settings.ledger.url = absolute_ledger_url(settings.ledger.url, base)
     return settings
@@ -331,6 +388,34 @@ def absolute_ledger_url(url: str, base: Path | None) -> str:
     if "://" in path or path in ("", ":memory:"):
         return url  # PostgreSQL, or something the ledger refuses with its own words
     return f"{scheme}{os.path.abspath(os.path.join(base or os.getcwd(), os.path.expanduser(path)))}"
+
+
+def _key_env(profile: str) -> str | None:
+    """The variable the profile says holds the upstream's key; None when it says none (or does not read:
+    loading it for real says why)."""
+    from hail_guard.profiles import load_profile  # here: the profiles load only when a config names one
+
+    try:
+        return load_profile(profile).key_env
+    except ConfigError:
+        return None
+
+
+def _from_variable(name: str, key: str, value: str) -> Any:
+    """A setting as a variable gives it: a list comma-separated, `[upstream.env]` a JSON object, else text."""
+    if key in _LIST_KEYS:
+        return [v for v in value.split(",") if v]
+    if key != "env":
+        return value
+    import json  # here: only HAIL_GUARD_UPSTREAM_ENV needs it
+
+    try:
+        table = json.loads(value)
+    except ValueError:
+        table = None
+    if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+        raise ConfigError(f'{name} must be a JSON object of texts, such as {{"RESEND_BASE_URL": "https://..."}}')
+    return table
 
 
 def _is_relative_file(profile: str) -> bool:

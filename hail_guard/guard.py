@@ -245,7 +245,8 @@ class Guard:
             return policy.answer_of_failure(exc)
         except BaseException:
             # Cancelled (the agent gave up) or a bug: the request may have left. Record that first.
-            lost = Answer(kind=AnswerKind.LOST, error="the call was interrupted while Hail had the request")
+            said = f"the call was interrupted while {policy.upstream_name()} had the request"
+            lost = Answer(kind=AnswerKind.LOST, error=said)
             await self._record(operation, owner, policy.outcome_of_send(lost))
             raise
         crash_point("after_forward")
@@ -458,13 +459,13 @@ class Sighting:
 
 
 def _not_recorded(operation: Operation, outcome: Outcome, cause: LedgerUnavailable) -> OutcomeNotRecorded:
-    said = f"Hail's answer: {outcome.state.value}" + (
+    said = f"{policy.upstream_name()}'s answer: {outcome.state.value}" + (
         f", message id {outcome.provider_id}" if outcome.provider_id else ""
     )
     return OutcomeNotRecorded(
         f"{said}; but hail-guard could not record it ({cause}). The request has left: do NOT send it again. "
         f"Operation {operation.id} (key {operation.idempotency_key!r}) stays `sending` until its lease runs out; "
-        "then `reconcile` records what Hail has",
+        f"then `reconcile` records what {policy.upstream_name()} has",
         operation_id=operation.id,
         state=outcome.state.value,
         provider_id=outcome.provider_id,

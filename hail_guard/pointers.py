@@ -1,9 +1,11 @@
 """JSON pointers (RFC 6901): how a profile names a field of a tool's arguments, of its answer, or of its schema.
 
 `/to` is the argument `to`, `/to/0` its first item, `/llm/api_key` a member of an object, `""` the whole
-document; `~1` stands for `/` and `~0` for `~` inside a name (`escape` writes them). `resolve` reads a
-value (absent: None), `schema_at` finds the part of a JSON Schema that describes the value a pointer
-names, and `shown` is how messages name a pointer (`to`, `llm.api_key`). Imports nothing of ours.
+document; `~1` stands for `/` and `~0` for `~` inside a name (`escape` writes them). One extension: `*`
+stands for every item of an array (`/emails/*/to`: the `to` of each email of a batch), and `resolve` then
+gives the values found, lists flattened, in order. `resolve` reads a value (absent: None), `schema_at`
+finds the part of a JSON Schema that describes the value a pointer names, and `shown` is how messages name
+a pointer (`to`, `llm.api_key`, `emails.*.to`). Imports nothing of ours.
 """
 
 from __future__ import annotations
@@ -39,10 +41,21 @@ def pointer_to(*names: str) -> str:
     return "".join(f"/{escape(name)}" for name in names)
 
 
+EVERY = "*"
+"""The token that stands for every item of an array."""
+
+
 def resolve(document: Any, pointer: str) -> Any:
-    """The value `pointer` names in `document`; None when it is absent (or the document has another shape)."""
+    """The value `pointer` names in `document`; None when it is absent (or the document has another shape).
+    Through a `*`: the list of what each item holds (lists flattened, absent values left out), or None."""
+    return _resolve(document, parse(pointer))
+
+
+def _resolve(document: Any, tokens: tuple[str, ...]) -> Any:
     value = document
-    for token in parse(pointer):
+    for at, token in enumerate(tokens):
+        if token == EVERY and _is_list(value):
+            return _every(value, tokens[at + 1 :])
         if isinstance(value, Mapping):
             value = value.get(token)
         elif isinstance(value, Sequence) and not isinstance(value, str | bytes) and _index(token) is not None:
@@ -53,6 +66,18 @@ def resolve(document: Any, pointer: str) -> Any:
         if value is None:
             return None
     return value
+
+
+def _every(items: Sequence[Any], rest: tuple[str, ...]) -> list[Any] | None:
+    found: list[Any] = []
+    for item in items:
+        value = _resolve(item, rest)
+        found.extend(value if _is_list(value) else [] if value is None else [value])
+    return found or None
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, str | bytes)
 
 
 def top_level(pointer: str) -> str | None:
@@ -107,10 +132,12 @@ def _child(part: Mapping[str, Any], token: str) -> tuple[list[Mapping[str, Any]]
         return [properties[token]], False
     if isinstance(extra, Mapping):
         return [extra], False
-    if _index(token) is not None and isinstance(items, Mapping):
+    if (_index(token) is not None or token == EVERY) and isinstance(items, Mapping):
         return [items], False
     object_open = (not kinds or "object" in kinds) and not isinstance(properties, Mapping) and extra is not False
-    array_open = (not kinds or "array" in kinds) and "items" not in part and _index(token) is not None
+    array_open = (
+        (not kinds or "array" in kinds) and "items" not in part and (_index(token) is not None or token == EVERY)
+    )
     return [], object_open or array_open
 
 

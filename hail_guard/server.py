@@ -4,8 +4,11 @@ Upstream tools pass through verbatim (names, descriptions, schemas, annotations,
 the profile guards (Hail's: every tool that takes an idempotency key) go through `Guard.send`, and are
 listed taking `allow_duplicate` too (and hail-guard's own key, where the upstream takes none);
 hail-guard's own tools are the entries of `tools.OWN` (the review queue only when the config exposes
-it). A call's name resolves to one route (`Proxy.routes`: own, guarded or passed through); whatever it
-raises is answered as `policy.failure_of` says. This is the only module that turns our errors into MCP
+it). Fail closed: a tool that sends (`profiles.sending`) which the profile neither guards nor names in
+`pass_through` is refused, never forwarded; while the profile does not fit the upstream's tools
+(`profiles.checking`: `misfits`), guarded sends are refused too (and `serve` does not start). A call's name
+resolves to one route (`Proxy.routes`: own, guarded, refused or passed through); whatever it raises is
+answered as `policy.failure_of` says. This is the only module that turns our errors into MCP
 results (built by `views`).
 
 `Proxy` holds one ledger and one upstream, and the guard and batches over them; every session of a
@@ -31,6 +34,8 @@ from hail_guard.errors import BadInput, RefusedByPolicy, UpstreamError
 from hail_guard.guard import Guard, GuardSettings, SendReport, UpstreamCaller
 from hail_guard.ledger import Ledger
 from hail_guard.models import State
+from hail_guard.profiles import sending
+from hail_guard.profiles.checking import CHECK_COMMAND, Finding, check, unguarded_senders
 from hail_guard.tools import OwnTool, listed_as_guarded, offered
 
 log = structlog.get_logger(__name__)
@@ -93,6 +98,12 @@ class Proxy:
     guarded: set[str] = field(default_factory=set)
     changed: set[str] = field(default_factory=set)
     """Upstream tools that differ from what was accepted (`hail-guard upstream accept`)."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Tools that send but that the profile neither guards nor lets pass, and why (fail closed)."""
+    misfits: list[Finding] = field(default_factory=list)
+    """Where the profile does not fit the upstream's tools (`profile check`'s errors); guarded sends wait."""
+    listing_failed: UpstreamError | None = None
+    """Why the upstream's tools could not be listed, while they never were."""
     _fingerprints: dict[str, str] = field(default_factory=dict)
     _unlisted: set[str] = field(default_factory=set)
     guard: Guard = field(init=False)
@@ -106,9 +117,14 @@ class Proxy:
         tool = self.tools.get(name) if name in self.guarded else None
         return dict(tool.input_schema) if tool is not None else None
 
+    @property
+    def upstream_name(self) -> str:
+        """How every text names the upstream: the profile's display name."""
+        return self.settings.profile.display_name
+
     def own_tools(self) -> dict[str, OwnTool]:
         """hail-guard's own tools, the review queue included when it is exposed."""
-        return offered(review=self.expose_review)
+        return offered(review=self.expose_review, upstream=self.upstream_name)
 
     def listed_tools(self) -> list[types.Tool]:
         """What the agent sees: upstream tools verbatim (guarded ones also take allow_duplicate), then ours."""
@@ -124,9 +140,14 @@ class Proxy:
 
     def routes(self) -> dict[str, Route]:
         """Every tool an agent may call now, by name, and what answers it."""
-        upstream = {name: self._guarded if name in self.guarded else self._passed for name in self.tools}
+        upstream = {name: self._route_of(name) for name in self.tools}
         own = {name: functools.partial(self._own, entry) for name, entry in self.own_tools().items()}
         return {**upstream, **own}
+
+    def _route_of(self, name: str) -> Route:
+        if name in self.guarded:
+            return self._guarded
+        return self._refused if name in self.refused else self._passed
 
     async def know_tools(self) -> None:
         if not self.tools:
@@ -137,18 +158,46 @@ class Proxy:
             listed = await self.upstream.list_tools()
         except UpstreamError as exc:
             log.warning("upstream_tools_unavailable", error=str(exc))
+            self.listing_failed = exc if not self.tools else None
             return
+        self.listing_failed = None
         own = self.own_tools()
         shadowed = [tool.name for tool in listed if tool.name in own]
         if shadowed:
             log.warning("upstream_tools_shadowed", tools=shadowed)
         self.tools = {tool.name: tool for tool in listed if tool.name not in own}
         schemas = {name: tool.input_schema for name, tool in self.tools.items()}
-        self.guarded = self.settings.profile.guarded(schemas, self.guarded_tools)
+        profile = self.settings.profile
+        self.guarded = profile.guarded(schemas, self.guarded_tools)
         self.guard.tool_schemas = {name: schemas[name] for name in self.guarded}
-        wanted = self.settings.profile.tools if self.guarded_tools is None else self.guarded_tools
+        self._fit(listed)
+        wanted = profile.tools if self.guarded_tools is None else self.guarded_tools
         self._warn_unlisted(set(wanted) - set(self.tools))
         await self._observe(self.tools)
+
+    def _fit(self, listed: Sequence[types.Tool]) -> None:
+        """Hold the profile against the tools listed: refuse the senders it forgets, note where it misfits."""
+        profile = self.settings.profile
+        senders = unguarded_senders(profile, self.tools.values(), self.guarded)
+        refused = {tool.name: sending.why_it_sends(tool) for tool in senders}
+        if refused and set(refused) != set(self.refused):
+            log.warning("unguarded_senders_refused", tools=sorted(refused), profile=profile.source)
+        self.refused = refused
+        misfits = [finding for finding in check(profile, listed) if finding.level == "error" and not finding.per_call]
+        if misfits and misfits != self.misfits:
+            log.error("profile_does_not_fit", profile=profile.source, misfits=[f"{f.where}: {f.what}" for f in misfits])
+        self.misfits = misfits
+
+    def misfit_text(self) -> str | None:
+        """The profile's misfits in words, and the command that checks them; None when it fits."""
+        if not self.misfits:
+            return None
+        said = "; ".join(f"{finding.where}: {finding.what}" for finding in self.misfits)
+        source = self.settings.profile.source
+        return (
+            f"the profile {source} does not fit {self.upstream_name}'s tools ({said}); check it with "
+            f"`{CHECK_COMMAND.replace('PROFILE', source)}` and fix it"
+        )
 
     def _warn_unlisted(self, unlisted: set[str]) -> None:
         """A tool to guard that the upstream does not list (a misspelt name, a server of another version)."""
@@ -182,7 +231,7 @@ class Proxy:
         """One tool call, with every error of ours turned into a clear MCP result; observed."""
         started, outcome = time.monotonic(), "cancelled"
         try:
-            with structlog.contextvars.bound_contextvars(tool=_label(name)):
+            with structlog.contextvars.bound_contextvars(tool=_label(name)), policy.naming(self.upstream_name):
                 answered = await self._answer(name, arguments, progress)
             outcome = answered.outcome
             return answered.result
@@ -210,6 +259,8 @@ class Proxy:
         if route is None and not self.tools:  # the upstream's tools were never listed: list them first
             await self.refresh_tools()
             route = self.routes().get(name)
+        if route is None and self.listing_failed is not None:
+            raise self.listing_failed  # not an unknown tool: the upstream never said what it has
         if route is None:
             raise BadInput(f"unknown tool {_quoted(name)}; list the tools to see what hail-guard offers")
         return route
@@ -220,9 +271,19 @@ class Proxy:
         return _plain(await entry.run(self, arguments, progress))
 
     async def _guarded(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> Answered:
+        if (misfit := self.misfit_text()) is not None:
+            raise RefusedByPolicy(f"hail-guard refuses {name} while {misfit}; nothing was sent")
         await self._refuse_if_changed(name)
-        report = await self.guard.send(name, arguments, self.tools[name].input_schema)
+        schema = self.tools[name].input_schema
+        report = await self.guard.send(name, arguments, schema)
         return Answered(_send_result(report), "replayed" if report.replayed else report.operation.state.value)
+
+    async def _refused(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> Answered:
+        raise RefusedByPolicy(
+            f"hail-guard refuses {name}: {self.refused[name]}, so it may message someone, and the profile "
+            f"({self.settings.profile.source}) neither guards it nor lets it pass; nothing was sent. An operator "
+            "adds it to the profile (`hail-guard profile check` names it)"
+        )
 
     async def _passed(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> Answered:
         return _plain(await self.upstream.call_tool(name, arguments, timeout_seconds=self.settings.timeout_seconds))
@@ -259,7 +320,7 @@ def _plain(result: types.CallToolResult) -> Answered:
 
 
 def _send_result(report: SendReport) -> types.CallToolResult:
-    """A guarded send's answer: Hail's own record when it has one, else what happened and the next step."""
+    """A guarded send's answer: the upstream's own record when it has one, else what happened and the next step."""
     operation = report.operation
     view = views.operation_view(operation, replayed=report.replayed)
     guard_view = {key: value for key, value in view.items() if key in _GUARD_FIELDS}
@@ -302,8 +363,8 @@ def build_server(proxy: Proxy) -> Server[Any]:
         "hail-guard",
         version=__version__,
         instructions=(
-            "hail-guard stands in front of Hail: sends are recorded before they are forwarded and never "
-            "sent twice. When a send's outcome is unknown, do NOT resend it: call `reconcile`."
+            f"hail-guard stands in front of {proxy.upstream_name}: sends are recorded before they are forwarded "
+            "and never sent twice. When a send's outcome is unknown, do NOT resend it: call `reconcile`."
         ),
         get_tool_input_schema=proxy.input_schema,
         on_list_tools=on_list_tools,

@@ -13,6 +13,7 @@ and the upstream. It returns the MCP result (`views`); an error it raises is ans
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -224,8 +225,8 @@ _ENTRIES = (
     OwnTool(
         _tool(
             "reconcile",
-            "Settle sends whose outcome is unknown (a timeout or a dropped connection after Hail may have "
-            "accepted them). Replays the SAME idempotency key with the SAME request, so Hail answers with "
+            "Settle sends whose outcome is unknown (a timeout or a dropped connection after {upstream} may have "
+            "accepted them). Replays the SAME idempotency key with the SAME request, so {upstream} answers with "
             "what it saved and nothing is sent twice. Give operation_id for one, or nothing for all that are due.",
             {"operation_id": _ID},
             SETTLES,
@@ -235,8 +236,8 @@ _ENTRIES = (
     OwnTool(
         _tool(
             "get_operation",
-            "Show one guarded send (state, Hail's id, attempts, history, and delivery: what happened after Hail "
-            "accepted it, with times) by operation_id or idempotency_key.",
+            "Show one guarded send (state, {upstream}'s id, attempts, history, and delivery: what happened after "
+            "{upstream} accepted it, with times) by operation_id or idempotency_key.",
             {"operation_id": _ID, "idempotency_key": _ID},
             READS,
         ),
@@ -317,7 +318,7 @@ _ENTRIES = (
     OwnTool(
         _tool(
             "review_resolve",
-            "Record what became of a send in review, as established outside hail-guard (e.g. in Hail's "
+            "Record what became of a send in review, as established outside hail-guard (e.g. in {upstream}'s "
             "console): accepted (give provider_id when known), failed, or cancelled. Sends nothing.",
             {
                 "operation_id": _ID,
@@ -348,6 +349,12 @@ OWN: Mapping[str, OwnTool] = {entry.tool.name: entry for entry in _ENTRIES}
 """hail-guard's own tools by name, in the order they are listed."""
 
 
-def offered(*, review: bool) -> dict[str, OwnTool]:
-    """The own tools an agent is offered: the review queue's only when `review` (it is exposed)."""
-    return {name: entry for name, entry in OWN.items() if review or not entry.review}
+def offered(*, review: bool, upstream: str = "Hail") -> dict[str, OwnTool]:
+    """The own tools an agent is offered, their descriptions naming the upstream `upstream` (the profile's
+    display name): the review queue's only when `review` (it is exposed)."""
+    return {name: _named(entry, upstream) for name, entry in OWN.items() if review or not entry.review}
+
+
+def _named(entry: OwnTool, upstream: str) -> OwnTool:
+    description = (entry.tool.description or "").replace("{upstream}", upstream)
+    return dataclasses.replace(entry, tool=entry.tool.model_copy(update={"description": description}))

@@ -1,4 +1,5 @@
-"""The only code that talks to Hail: one shared MCP connection, kept alive, its failures translated.
+"""The only code that talks to the upstream (Hail, or what the profile names): one shared MCP connection, kept
+alive, its failures translated.
 
 `connect_upstream` runs a supervisor task holding one legacy-era MCP `Client` (Streamable HTTP, SSE, stdio
 or in-process); it reconnects with bounded backoff and yields even when Hail is down. Calls share the
@@ -13,8 +14,11 @@ become ours, sorts them by "could the request have left?":
     anything else (other OSError/httpx2 errors, anyio Closed/Broken/EndOfStream, TimeoutError,
       RuntimeError, pydantic ValidationError); a group unless every leaf is Unavailable   -> UpstreamLost
 
-Messages and logs name Hail by `UpstreamTarget.display` and mask its `secrets` (the token, a password in the
-URL) wherever a foreign message repeats them; such a message is not chained.
+Messages name the upstream by `UpstreamTarget.name` (the profile's display name) at `UpstreamTarget.display`,
+and mask its `secrets` (the token, a password in the URL, the values of `[upstream.env]` that are not URLs)
+wherever a foreign message repeats them; such a message is not chained. A stdio command gets only the SDK's
+safe variables (PATH, HOME...), the key in its variable and `[upstream.env]`; its stderr is copied to ours,
+and its last lines say why it could not be started ("the upstream (Resend) could not be started: ...").
 A JSON-RPC error Hail itself sends to `tools/call` becomes `CallToolResult(is_error=True)`: Hail answered.
 `ClientSession.send_request` skips the SDK's output-schema check (a RuntimeError plus a hidden `tools/list`):
 an upstream schema bug reaches the caller as the answer Hail gave. On Streamable HTTP the SDK lets a failed
@@ -28,6 +32,7 @@ Every answer is read up to one cap, on every transport (`transports`): a larger 
 from __future__ import annotations
 
 import socket
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -45,7 +50,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
 
 from hail_guard.errors import ConfigError, SignInRequired, UpstreamError, UpstreamLost, UpstreamUnavailable
-from hail_guard.transports import MAX_ANSWER_BYTES, CappedBody, capped_stdio
+from hail_guard.spawned import STDERR_LINES, env_secrets, spawned
+from hail_guard.transports import MAX_ANSWER_BYTES, CappedBody
 from hail_guard.urls import masked, parse_url
 
 log = structlog.get_logger(__name__)
@@ -90,9 +96,10 @@ class Credentials(Protocol):
 
 @dataclass(frozen=True, repr=False)
 class UpstreamTarget:
-    """Where Hail is. `token` goes out as a bearer header (http/sse) or, to a stdio command, in the variable
-    it came from (`token_env`: HAIL_API_KEY, or RESEND_API_KEY for Resend's server, ...);
-    `credentials` (http only) are asked for a token per request instead."""
+    """Where the upstream is, and its `name` for every text (the profile's display name). `token` goes out as
+    a bearer header (http/sse) or, to a stdio command, in the variable it came from (`token_env`:
+    HAIL_API_KEY, RESEND_API_KEY...), beside `env` (`[upstream.env]`); `credentials` (http only) are asked
+    for a token per request instead."""
 
     kind: Literal["http", "sse", "stdio", "inprocess"]
     url: str | None = None
@@ -103,6 +110,10 @@ class UpstreamTarget:
     credentials: Credentials | None = field(default=None, compare=False, repr=False)
     token_env: str = "HAIL_API_KEY"  # noqa: S105  (the name of a variable, not a secret)
     """The variable `token` came from: what a refusal of the credentials tells an operator to fix."""
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """More variables for a stdio command (`[upstream.env]`, filled in)."""
+    name: str = "Hail"
+    """How texts name the upstream: the profile's display name."""
 
     def __post_init__(self) -> None:
         needs = {"http": "url", "sse": "url", "stdio": "command", "inprocess": "server"}[self.kind]
@@ -113,15 +124,16 @@ class UpstreamTarget:
 
     @property
     def display(self) -> str:
-        """Where Hail is, safe to log: no userinfo, query, token or arguments."""
+        """Where the upstream is, safe to log: no userinfo, query, token or arguments."""
         if self.kind in ("http", "sse"):
             return str(httpx2.URL(self.url or "").copy_with(userinfo=b"", query=None, fragment=None))
         return f"stdio command {self.command[0]!r}" if self.kind == "stdio" else "the in-process server"
 
     @property
     def secrets(self) -> frozenset[str]:
-        """What no message or log may show: the token, and every spelling of a password the URL carries."""
-        found = {self.token, *(parse_url(self.url).secrets if self.url else ())}
+        """What no message or log may show: the token, every spelling of a password the URL carries, and the
+        values of `env` that are not URLs (and the passwords of those that are)."""
+        found = {self.token, *(parse_url(self.url).secrets if self.url else ()), *env_secrets(self.env)}
         return frozenset(secret for secret in found if secret)
 
     def __repr__(self) -> str:
@@ -135,36 +147,38 @@ def map_error(
     timeout_seconds: float,
     token_env: str = "HAIL_API_KEY",  # noqa: S107
     secrets: Collection[str] = (),
+    name: str = "Hail",
 ) -> UpstreamUnavailable | UpstreamLost:
     """Translate a foreign failure: `UpstreamUnavailable` only when nothing can have been sent. `secrets`
-    (`UpstreamTarget.secrets`) are masked wherever the foreign message repeats them."""
-    mapped = _mapped(exc, target=target, timeout_seconds=timeout_seconds, token_env=token_env)
+    (`UpstreamTarget.secrets`) are masked wherever the foreign message repeats them; `name` is the upstream's."""
+    mapped = _mapped(exc, target=f"{name} at {target}", timeout_seconds=timeout_seconds, token_env=token_env, name=name)
     said = masked(str(mapped), secrets)
     return mapped if said == str(mapped) else type(mapped)(said)
 
 
 def _mapped(
-    exc: BaseException, *, target: str, timeout_seconds: float, token_env: str
+    exc: BaseException, *, target: str, timeout_seconds: float, token_env: str, name: str
 ) -> UpstreamUnavailable | UpstreamLost:
     if isinstance(exc, BaseExceptionGroup):
         mapped = [
-            _mapped(e, target=target, timeout_seconds=timeout_seconds, token_env=token_env) for e in exc.exceptions
+            _mapped(e, target=target, timeout_seconds=timeout_seconds, token_env=token_env, name=name)
+            for e in exc.exceptions
         ]
         return next((e for e in mapped if isinstance(e, UpstreamLost)), mapped[0])
     refusal, why = _refusal(exc), _describe(exc)
     if isinstance(exc, MCPError) and exc.code == types.REQUEST_TIMEOUT:
-        return UpstreamLost(f"no answer from Hail at {target} within {timeout_seconds:g} s; it may have been sent")
+        return UpstreamLost(f"no answer from {target} within {timeout_seconds:g} s; it may have been sent")
     if refusal == "signin":
         return SignInRequired(why)
     if refusal == "auth":
-        return UpstreamUnavailable(f"Hail at {target} refused hail-guard's token ({why}), so nothing was sent: an "
-                                   f"operator must set {token_env} to a valid Hail token")  # fmt: skip
+        return UpstreamUnavailable(f"{target} refused hail-guard's token ({why}), so nothing was sent: an "
+                                   f"operator must set {token_env} to a valid {name} token")  # fmt: skip
     if refusal == "connect" or isinstance(exc, _UNAVAILABLE):
-        return UpstreamUnavailable(f"could not connect to Hail at {target} ({why}); nothing was sent")
+        return UpstreamUnavailable(f"could not connect to {target} ({why}); nothing was sent")
     if refusal == "session":
-        return UpstreamUnavailable(f"Hail at {target} no longer knows this session (restarted?); nothing was "
+        return UpstreamUnavailable(f"{target} no longer knows this session (restarted?); nothing was "
                                    "processed. hail-guard reconnects: try again.")  # fmt: skip
-    return UpstreamLost(f"no usable answer from Hail at {target} ({why}); the request may have been sent")
+    return UpstreamLost(f"no usable answer from {target} ({why}); the request may have been sent")
 
 
 def _describe(exc: BaseException) -> str:
@@ -295,6 +309,8 @@ class Upstream:
         self._wake = anyio.Event()  # set: a caller is waiting, so cut the backoff short
         self._backoff = BACKOFF_MIN_SECONDS
         self._last_error = "not connected yet"
+        self._start_failed = target.kind == "stdio"  # a command that has not (yet, again) got as far as answering
+        self._stderr: deque[str] = deque(maxlen=STDERR_LINES)  # a command's last words on stderr
         self.server_name: str | None = None
         """The name the upstream server gave when it connected (its `serverInfo`)."""
 
@@ -321,7 +337,8 @@ class Upstream:
             tools.extend(page.tools)
             if (cursor := page.next_cursor) is None:
                 return tools
-        raise UpstreamLost(f"tools/list from Hail at {self.target.display} went on past {MAX_TOOL_PAGES} pages")
+        target = self.target
+        raise UpstreamLost(f"tools/list from {target.name} at {target.display} went on past {MAX_TOOL_PAGES} pages")
 
     async def call_tool(
         self,
@@ -336,7 +353,7 @@ class Upstream:
         request = types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=arguments))
 
         def answered(error: MCPError) -> types.CallToolResult:
-            text = f"Hail answered tools/call {name} with JSON-RPC error {error.code}: {error.message}"
+            text = f"{self.target.name} answered tools/call {name} with JSON-RPC error {error.code}: {error.message}"
             return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
         seconds = self._timeout if timeout_seconds is None else timeout_seconds
@@ -361,7 +378,7 @@ class Upstream:
                 return answered(exc)
             target, said = self.target, self._said(exc)
             error = map_error(exc, target=target.display, timeout_seconds=timeout_seconds,
-                              token_env=target.token_env, secrets=target.secrets)  # fmt: skip
+                              token_env=target.token_env, secrets=target.secrets, name=target.name)  # fmt: skip
             log.warning("upstream_request_failed", target=target.display, method=request.method,
                         outcome=type(error).__name__, error=said)  # fmt: skip
             if _breaks_connection(exc):
@@ -382,12 +399,20 @@ class Upstream:
             with anyio.move_on_after(self._connect_timeout):
                 await attempt.wait()
         if self._session is None:
-            raise UpstreamUnavailable(
-                f"Hail at {self.target.display} is not reachable ({self._last_error}); nothing was sent. "
-                "hail-guard keeps reconnecting: check that Hail runs and that its address and token are right, "
-                "then try again."
-            )
+            raise UpstreamUnavailable(self.problem)
         return self._session
+
+    @property
+    def problem(self) -> str:
+        """Why nothing can be sent now (while not connected), in words an agent and an operator read."""
+        target = self.target
+        if self._start_failed:
+            return f"the upstream ({target.name}) could not be started: {self._last_error}; nothing was sent"
+        return (
+            f"{target.name} at {target.display} is not reachable ({self._last_error}); nothing was sent. "
+            f"hail-guard keeps reconnecting: check that {target.name} runs and that its address and token are "
+            "right, then try again."
+        )
 
     def _mark_broken(self, session: ClientSession, reason: str) -> None:
         if self._session is session:
@@ -416,10 +441,11 @@ class Upstream:
                     await tg.start(self._hold)
                 connected = True
         except Exception as exc:  # the supervisor outlives every failure of one connection
-            self._last_error = self._said(exc)
+            self._last_error = self._said(exc) if connected or not self._stderr else self._exited()
             event = "upstream_connection_lost" if connected else "upstream_connect_failed"
             log.warning(event, target=self.target.display, error=self._last_error, retry_seconds=self._backoff)
         if not connected:
+            self._start_failed = self.target.kind == "stdio"
             self._finish_attempt()
 
     async def _hold(self, *, task_status: TaskStatus[None]) -> None:
@@ -427,6 +453,7 @@ class Upstream:
             self._session, self._broken = client.session, anyio.Event()
             info = client.server_info
             self.server_name = info.name if info is not None else None
+            self._start_failed = False
             self._backoff = BACKOFF_MIN_SECONDS
             log.info("upstream_connected", target=self.target.display, protocol_version=client.protocol_version)
             self._finish_attempt()
@@ -447,15 +474,21 @@ class Upstream:
                 except UpstreamError as error:
                     self._mark_broken(session, f"heartbeat failed: {error}")
 
+    def _exited(self) -> str:
+        """A command that stopped before it answered, in its own last words (secrets masked)."""
+        said = masked(" ".join(" ".join(self._stderr).split()), self.target.secrets)
+        return f"it stopped, saying: {said[-300:]}"
+
     def _client_target(self) -> Any:
         target = self.target
         if target.kind == "inprocess":
             return target.server
         if target.kind == "stdio":
-            env = {target.token_env: target.token} if target.token else None  # in the variable it came from
-            return capped_stdio(
-                StdioServerParameters(command=target.command[0], args=list(target.command[1:]), env=env)
+            key = {target.token_env: target.token} if target.token else {}  # in the variable it came from
+            command = StdioServerParameters(
+                command=target.command[0], args=list(target.command[1:]), env={**key, **target.env}
             )
+            return spawned(command, self._stderr)
         headers = dict(target.headers) | ({"Authorization": f"Bearer {target.token}"} if target.token else {})
         if target.kind == "sse":
             return sse_client(target.url or "", headers=headers, timeout=self._connect_timeout)

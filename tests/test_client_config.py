@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -188,3 +189,67 @@ async def test_the_written_server_starts_and_serves_the_sandbox(tmp_path: Path) 
     async with Client(params, mode="legacy") as client:
         names = {tool.name for tool in (await client.list_tools()).tools}
     assert {"send_email", "reconcile"} <= names
+
+
+def command_config(tmp_path: Path, command: list[str]) -> Path:
+    config = tmp_path / "hail-guard.toml"
+    config.write_text(
+        f'[ledger]\nurl = "sqlite:///{tmp_path / "ledger.db"}"\n'
+        f"[upstream]\ncommand = {json.dumps(command)}\n"
+        'profile = "resend"\n'
+        "[upstream.env]\n"
+        'RESEND_BASE_URL = "https://api.resend.test"\n'
+        'SENDER_EMAIL_ADDRESS = "hello@acme.test"\n'
+        'REPLY_TO_EMAIL_ADDRESSES = "${REPLY_TO}"\n'
+        "[delivery]\npoll = false\n"
+    )
+    return config
+
+
+def test_a_command_upstream_is_written_as_configured_with_absolute_paths_never_as_hosted_hail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: for `command = [...]` with profile resend it wrote HAIL_GUARD_UPSTREAM_URL=https://mcp.hail.so
+    and said to run `hail-guard login`; the command's bare name was not found on a desktop client's PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "npx").write_text("#!/bin/sh\n")
+    (bin_dir / "npx").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("HAIL_GUARD_CONFIG", str(command_config(tmp_path, ["npx", "-y", "resend-mcp"])))
+    code, out, err = run(capsys, "client-config", "claude-desktop")
+    entry = json.loads(out)["mcpServers"]["resend"]
+    env = entry["env"]
+    assert code == 0
+    assert "HAIL_GUARD_UPSTREAM_URL" not in env
+    assert shlex.split(env["HAIL_GUARD_UPSTREAM_COMMAND"]) == [str(bin_dir / "npx"), "-y", "resend-mcp"]
+    assert env["PATH"].split(os.pathsep)[0] == str(bin_dir)  # npx finds node beside it
+    assert env["HAIL_GUARD_UPSTREAM_PROFILE"] == "resend"
+    assert json.loads(env["HAIL_GUARD_UPSTREAM_ENV"]) == {
+        "RESEND_BASE_URL": "https://api.resend.test",
+        "SENDER_EMAIL_ADDRESS": "${SENDER_EMAIL_ADDRESS}",  # a secret: its own variable, never its value
+        "REPLY_TO_EMAIL_ADDRESSES": "${REPLY_TO}",
+    }
+    assert (env["RESEND_API_KEY"], env["SENDER_EMAIL_ADDRESS"]) == (
+        "PASTE-YOUR-RESEND_API_KEY",
+        "PASTE-YOUR-SENDER_EMAIL_ADDRESS",
+    )
+    assert env["REPLY_TO"] == "PASTE-YOUR-REPLY_TO"
+    assert "hello@acme.test" not in out
+    assert "login" not in err
+    assert "your Resend key" in err
+
+
+async def test_the_written_command_entry_starts_and_serves_the_configured_upstream(tmp_path: Path) -> None:
+    """What a desktop client does with the entry: spawn it with its environment and little else."""
+    fake = [sys.executable, "-m", "hail_guard", "fake", "--profile", "resend", "--stdio"]
+    path = tmp_path / "mcp.json"
+    argv = ["--config", str(command_config(tmp_path, fake)), "client-config", "cursor", "--write", "--file", str(path)]
+    assert await anyio.to_thread.run_sync(main, argv) == 0
+    entry: dict[str, Any] = json.loads(path.read_text())["mcpServers"]["resend"]
+    env = {name: value.replace("PASTE-YOUR-", "pasted-") for name, value in entry["env"].items()}
+    env |= {"HAIL_GUARD_LEDGER_URL": f"sqlite:///{tmp_path / 'ledger.db'}", "HOME": os.environ.get("HOME", "")}
+    params = StdioServerParameters(command=entry["command"], args=entry["args"], env=env, cwd=str(tmp_path))
+    async with Client(params, mode="legacy") as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+    assert {"send-email", "send-batch-emails", "reconcile"} <= names

@@ -21,7 +21,8 @@ from hail_guard.fake import from_profile
 from hail_guard.fake.servers import agentmail, resend
 from hail_guard.profiles import BUILT_IN, built_in, hail, load_profile, parse_profile
 from hail_guard.profiles.checking import check
-from hail_guard.profiles.drafting import comment_text, draft, toml_string, writes_to_world
+from hail_guard.profiles.drafting import comment_text, draft, toml_string
+from hail_guard.profiles.sending import writes_to_world
 from hail_guard.sandbox.tools import tool_list
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "chat.toml"

@@ -32,9 +32,10 @@ try:
     from hail_guard.cli import admin, batches, clients, drill, operations, profiles, signin
     from hail_guard.cli.parsing import Commands, Handler, top_parser
     from hail_guard.cli.terminal import terminal_text
-    from hail_guard.config import load_settings
+    from hail_guard.config import Settings, load_settings
     from hail_guard.errors import HailGuardError
     from hail_guard.logs import configure_logging
+    from hail_guard.policy.answers import DEFAULT_UPSTREAM_NAME, naming
 finally:
     if _collecting:
         gc.freeze()
@@ -70,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(getattr(args, "config", None))
         _configure_logs(args, settings.log.level)
         runner: Handler = args.run
-        return anyio.run(runner, args, settings)
+        with naming(upstream_name_of(settings)):  # every text of the run names the profile's upstream
+            return anyio.run(runner, args, settings)
     except HailGuardError as exc:
         print(f"hail-guard: {terminal_text(exc)}", file=sys.stderr)
         return 1
@@ -94,6 +96,17 @@ def _configure_logs(args: argparse.Namespace, level: str) -> None:
         configure_logging(level)
     else:
         configure_logging(_QUIET_LEVELS.get(level, level), text=True)
+
+
+def upstream_name_of(settings: Settings) -> str:
+    """The display name of the configured profile; Hail's when it does not read (the command that needs the
+    profile says why)."""
+    from hail_guard.profiles import load_profile
+
+    try:
+        return load_profile(settings.upstream.profile).display_name
+    except HailGuardError:
+        return DEFAULT_UPSTREAM_NAME
 
 
 def parser(argv: Sequence[str]) -> argparse.ArgumentParser:

@@ -21,6 +21,7 @@ from hail_guard.errors import ConfigError, HailGuardError, NotFound
 from hail_guard.ledger import Heartbeat
 from hail_guard.ledger import migrate as migrate_ledger
 from hail_guard.models import State
+from hail_guard.spawned import env_shown
 from hail_guard.upstream import UpstreamTarget, connect_upstream
 from hail_guard.urls import display_url
 from hail_guard.views import operation_view
@@ -80,6 +81,26 @@ def upstream_shown(settings: Settings) -> str:
         return f"not usable: {exc}"
 
 
+def upstream_env_shown(settings: Settings) -> dict[str, str]:
+    """`[upstream.env]` as `status` shows it: URLs without their secrets, every other value a secret."""
+    upstream = settings.upstream
+    try:
+        return env_shown(upstream.resolved_env())
+    except ConfigError:
+        return {name: value if value.startswith("${") else "(secret)" for name, value in upstream.env.items()}
+
+
+def _start_problem(settings: Settings) -> str | None:
+    """Why the upstream command could not be started, said as the agent would be told it."""
+    try:
+        problem = settings.upstream.command_problem()
+    except ConfigError as exc:
+        return str(exc)
+    if problem is None:
+        return None
+    return f"the upstream ({policy.upstream_name()}) could not be started: {problem}; nothing would be sent"
+
+
 async def _status(args: argparse.Namespace, settings: Settings) -> int:
     async with app.open_ledger_from(settings) as ledger:
         await ledger.verify()  # a damaged ledger is an error here too, as for every command that reads it
@@ -91,10 +112,12 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
     by_state = {state.value: count for state, count in sorted(counts.items())}
     signin = await signin_report(settings)
     warning = settings.upstream.token_warning(signed_in=signin["method"] == "oauth")
-    warnings = [found for found in (warning, placeholder_warning(settings)) if found is not None]
+    problem = _start_problem(settings)
+    warnings = [said for said in (warning, problem, placeholder_warning(settings)) if said is not None]
     report: dict[str, Any] = {
         "ledger": ledger_shown(settings.ledger.url),
         "upstream": upstream_shown(settings),
+        "upstream_env": upstream_env_shown(settings),
         "upstream_answers": await upstream_answers(settings),
         "profile": settings.upstream.profile,
         "warnings": warnings,
@@ -118,6 +141,8 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
     say(labelled("ledger", report["ledger"]))
     say(labelled("upstream", report["upstream"]))
     say(labelled("upstream answers", answers_line(report["upstream_answers"])))
+    for name, value in report["upstream_env"].items():
+        say(labelled(f"  env {name}", value))
     say(labelled("profile", report["profile"]))
     for warning in report["warnings"]:
         say(("warning", "bold red"), ": ", warning)

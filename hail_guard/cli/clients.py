@@ -1,12 +1,15 @@
 """`hail-guard client-config CLIENT`: the block an MCP client needs to start this hail-guard, and `--write`.
 
 The block names the absolute path of the running install (so it works whatever the client's PATH)
-and the upstream URL. Hosted Hail, and an upstream `hail-guard login` signed in to, need nothing
-more: the client's hail-guard uses the stored sign-in. An upstream that takes a static key (a
-self-hosted Hail, or `--api-key`) also gets the key's variable, never the key: Claude Desktop and
-Cursor get a placeholder to replace, VS Code prompts for it once (`inputs`), Claude Code reads it
-from the environment. `--write` merges the block into the client's config file: other servers are
-kept, the old file is copied aside first, and a server of the same name is replaced only with `--force`.
+and the configured upstream. A URL: hosted Hail, and an upstream `hail-guard login` signed in to, need
+nothing more (the client's hail-guard uses the stored sign-in). A command (`[upstream] command`, Resend's
+`npx -y resend-mcp`): the command by its absolute path, with its folder on PATH (a desktop client's PATH
+lacks npx and node), the profile, and `[upstream.env]` (`HAIL_GUARD_UPSTREAM_ENV`), its `${NAME}`
+references and secret values as variables of their own. An upstream that takes a static key (a
+self-hosted Hail, a command, or `--api-key`) also gets the key's variable, never the key: Claude Desktop
+and Cursor get a placeholder to replace, VS Code prompts for it once (`inputs`), Claude Code reads it from
+the environment. `--write` merges the block into the client's config file: other servers are kept, the old
+file is copied aside first, and a server of the same name is replaced only with `--force`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -26,9 +31,11 @@ from typing import Any, Final
 import anyio.to_thread
 import httpx2
 
+from hail_guard import policy
 from hail_guard.cli.parsing import Commands
-from hail_guard.config import Settings, UpstreamSettings
+from hail_guard.config import Settings
 from hail_guard.errors import ConfigError
+from hail_guard.urls import parse_url
 
 HAIL_URL: Final = "https://mcp.hail.so"
 TOKEN_PLACEHOLDER: Final = "PASTE-YOUR-HAIL-TOKEN"  # noqa: S105  (a placeholder, not a secret)
@@ -84,7 +91,7 @@ def add_commands(commands: Commands) -> None:
     command.add_argument("--write", action="store_true", help="merge it into the client's config file (keeps a backup)")
     command.add_argument("--file", type=Path, help="the config file to write (default: the client's usual one)")
     command.add_argument("--force", action="store_true", help="replace a server of the same name")
-    command.add_argument("--name", default="hail", help="the server's name in the client")
+    command.add_argument("--name", help="the server's name in the client (default: hail, or the profile's name)")
     command.add_argument("--upstream-url", help=f"Hail's URL (default: [upstream] url, else {HAIL_URL})")
     command.add_argument("--sandbox", action="store_true", help="use the built-in sandbox: nothing real is sent")
     command.add_argument(
@@ -96,20 +103,30 @@ def add_commands(commands: Commands) -> None:
 
 @dataclass(frozen=True)
 class Upstream:
-    """Where the client's hail-guard reads Hail, and how it gets in."""
+    """Where the client's hail-guard reads its upstream, and how it gets in."""
 
     url: str | None
-    """None: the built-in sandbox."""
+    """None: the built-in sandbox, or a command."""
     takes_key: bool
-    """A static key in the token variable (self-hosted Hail); else a sign-in (`hail-guard login`)."""
+    """A static key in the token variable (self-hosted Hail, a command); else a sign-in (`hail-guard login`)."""
     signed_in: bool = False
+    command: tuple[str, ...] = ()
+    """The configured upstream command, its program by its absolute path when the PATH has it."""
+    path: str | None = None
+    """The folder of that program: on the entry's PATH (npx needs node beside it)."""
 
 
 def upstream_of(args: argparse.Namespace, settings: Settings) -> Upstream:
-    """The upstream the entry names. Hosted Hail, or an upstream signed in to, needs no key. Reads the
-    sign-in file: call it off the event loop."""
+    """The upstream the entry names: the configured command, else a URL. Hosted Hail, or an upstream signed in
+    to, needs no key. Reads the sign-in file: call it off the event loop."""
     if args.sandbox:
         return Upstream(url=None, takes_key=False)
+    configured = settings.upstream
+    if not args.upstream_url and configured.command and configured.transport in (None, "stdio") and not configured.url:
+        program = shutil.which(configured.command[0])
+        found = str(Path(program).absolute()) if program else configured.command[0]
+        folder = str(Path(found).parent) if program else None
+        return Upstream(url=None, takes_key=True, command=(found, *configured.command[1:]), path=folder)
     url = args.upstream_url or settings.upstream.url or HAIL_URL
     signed_in = _signed_in(url, settings)
     hosted = httpx2.URL(url).host == httpx2.URL(HAIL_URL).host
@@ -131,16 +148,74 @@ def server_entry(args: argparse.Namespace, settings: Settings, upstream: Upstrea
     config = getattr(args, "config", None)
     arguments += ["serve", *(["--config", str(Path(config).absolute())] if config else [])]
     env: dict[str, str] = {} if upstream.url is None else {"HAIL_GUARD_UPSTREAM_URL": upstream.url}
+    if upstream.command:
+        env |= _command_env(settings, upstream)
     if upstream.takes_key:
         token_env = settings.upstream.token_env
-        if token_env != UpstreamSettings.model_fields["token_env"].default:
+        if "token_env" in settings.upstream.model_fields_set and not upstream.command:
             env["HAIL_GUARD_UPSTREAM_TOKEN_ENV"] = token_env
-        env[token_env] = {
-            "vscode": f"${{input:{_VSCODE_INPUT}}}",
-            "claude-code": f"${{{token_env}}}",
-        }.get(args.client, TOKEN_PLACEHOLDER)
+        env[token_env] = _asked(args.client, token_env, key=True)
+    for name in _referenced(settings.upstream.env) if upstream.command else ():
+        env.setdefault(name, _asked(args.client, name, key=False))
     entry: dict[str, Any] = {"type": "stdio"} if args.client == "vscode" else {}
     return {**entry, "command": command, "args": arguments, **({"env": env} if env else {})}
+
+
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _command_env(settings: Settings, upstream: Upstream) -> dict[str, str]:
+    """What makes the client's hail-guard start the same command, whatever the client's own environment: the
+    command and its folder on PATH, the profile, and `[upstream.env]` (each secret value as a `${NAME}` of
+    its own, asked for like the key)."""
+    configured = settings.upstream
+    env = {"HAIL_GUARD_UPSTREAM_COMMAND": shlex.join(upstream.command)}
+    if upstream.path is not None:
+        env["PATH"] = os.pathsep.join(dict.fromkeys([upstream.path, *os.defpath.split(os.pathsep)]))
+    profile = configured.profile
+    env["HAIL_GUARD_UPSTREAM_PROFILE"] = profile if profile in _built_in() else str(Path(profile).absolute())
+    if configured.env:
+        env["HAIL_GUARD_UPSTREAM_ENV"] = json.dumps(
+            {name: _kept(name, value) for name, value in configured.env.items()}
+        )
+    return env
+
+
+def _kept(name: str, value: str) -> str:
+    """An `[upstream.env]` value as the entry writes it: a reference or a plain URL as it is, a secret as
+    `${NAME}` (its own variable, asked for)."""
+    plain_url = re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value) and not parse_url(value).secrets
+    if _REFERENCE.search(value) or plain_url:
+        return value
+    return f"${{{name}}}"
+
+
+def _referenced(env: dict[str, str]) -> list[str]:
+    """The variables the entry must give: those `[upstream.env]` refers to, and those its secrets become."""
+    names = [found for value in env.values() for found in _REFERENCE.findall(value)]
+    names += [name for name, value in env.items() if _kept(name, value) == f"${{{name}}}"]
+    return list(dict.fromkeys(names))
+
+
+def _asked(client: str, variable: str, *, key: bool) -> str:
+    """How the entry asks for a secret (`key`: the upstream's key): VS Code prompts, Claude Code reads the
+    shell, others a placeholder."""
+    if client == "vscode":
+        return f"${{input:{_VSCODE_INPUT if key else variable.lower()}}}"
+    if client == "claude-code":
+        return f"${{{variable}}}"
+    return placeholder(variable)
+
+
+def placeholder(variable: str) -> str:
+    """What stands in the file for a secret the user pastes in."""
+    return TOKEN_PLACEHOLDER if variable == "HAIL_API_KEY" else f"PASTE-YOUR-{variable}"
+
+
+def _built_in() -> tuple[str, ...]:
+    from hail_guard.profiles import BUILT_IN  # here: only a command upstream's entry names a profile
+
+    return BUILT_IN
 
 
 def install_command() -> tuple[str, list[str]]:
@@ -155,10 +230,15 @@ def install_command() -> tuple[str, list[str]]:
 def config_block(client: str, name: str, entry: dict[str, Any]) -> dict[str, Any]:
     """The whole file's content for this one server (what `--write` merges)."""
     block: dict[str, Any] = {CLIENTS[client].servers_key: {name: entry}}
-    if client == "vscode" and f"${{input:{_VSCODE_INPUT}}}" in entry.get("env", {}).values():
-        prompt = {"type": "promptString", "id": _VSCODE_INPUT, "description": "Hail token", "password": True}
-        block = {"inputs": [prompt], **block}
-    return block
+    if client != "vscode":
+        return block
+    asked = [found for value in entry.get("env", {}).values() for found in re.findall(r"^\$\{input:([^}]+)\}$", value)]
+    prompts = [{"type": "promptString", "id": ask, "description": _prompt(ask), "password": True} for ask in asked]
+    return {"inputs": prompts, **block} if prompts else block
+
+
+def _prompt(ask: str) -> str:
+    return f"{policy.upstream_name()} token" if ask == _VSCODE_INPUT else ask.upper()
 
 
 def merged(existing: dict[str, Any], block: dict[str, Any], *, name: str, force: bool, path: Path) -> dict[str, Any]:
@@ -244,6 +324,8 @@ def claude_code_command(name: str, entry: dict[str, Any]) -> str:
 
 async def _client_config(args: argparse.Namespace, settings: Settings) -> int:
     upstream = await anyio.to_thread.run_sync(upstream_of, args, settings)
+    if args.name is None:
+        args.name = "hail" if not upstream.command else _profile_name(settings)
     entry = server_entry(args, settings, upstream)
     block = config_block(args.client, args.name, entry)
     if not args.write:
@@ -265,9 +347,17 @@ async def _client_config(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _profile_name(settings: Settings) -> str:
+    from hail_guard.profiles import load_profile  # here: only a command upstream's entry is named by it
+
+    return load_profile(settings.upstream.profile).name
+
+
 def _remind(args: argparse.Namespace, upstream: Upstream, token_env: str) -> None:
     """What is left to do, on stderr: the key to give, or the sign-in to make; then a restart."""
-    if upstream.url is None:
+    if upstream.command:
+        step = _command_step(args, upstream, token_env)
+    elif upstream.url is None:
         step = "restart the client (it sends to the built-in sandbox: nothing real is sent)"
     elif not upstream.takes_key:
         step = (
@@ -276,9 +366,19 @@ def _remind(args: argparse.Namespace, upstream: Upstream, token_env: str) -> Non
             else "run `hail-guard login` as this user, then restart the client"
         )
     elif args.client == "claude-code":
-        step = f"export your Hail key as {token_env} where you start `claude`"
+        step = f"export your {policy.upstream_name()} key as {token_env} where you start `claude`"
     elif args.client == "vscode":
-        step = "restart VS Code; it asks for the Hail key once"
+        step = f"restart VS Code; it asks for the {policy.upstream_name()} key once"
     else:
-        step = f"replace {TOKEN_PLACEHOLDER} with your Hail key, then restart the client"
+        step = f"replace {TOKEN_PLACEHOLDER} with your {policy.upstream_name()} key, then restart the client"
     print(f"next: {step}", file=sys.stderr)
+
+
+def _command_step(args: argparse.Namespace, upstream: Upstream, token_env: str) -> str:
+    name = policy.upstream_name()
+    found = "" if upstream.path is not None else f" ({upstream.command[0]} is not on this PATH: give its absolute path)"
+    if args.client == "claude-code":
+        return f"export your {name} key as {token_env} where you start `claude`{found}"
+    if args.client == "vscode":
+        return f"restart VS Code; it asks for the {name} key once{found}"
+    return f"replace each PASTE-YOUR-... with its value ({token_env}: your {name} key), then restart the client{found}"

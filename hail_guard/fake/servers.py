@@ -1,14 +1,17 @@
 """Hand-written fakes of real MCP servers, from their public tool schemas (written anew; no code copied).
 
-- Resend's MCP (`resend/resend-mcp`): `send-email` with an optional `idempotencyKey` (1 to 256 characters;
-  the same key and body answer the first send's id again, another body is a 409 `invalid_idempotent_request`),
-  no annotations on it; answers in words: `Email sent successfully! {"id":"..."}`; `get-email` (by `id`) and
+- Resend's MCP (`resend/resend-mcp` 2.22.0): `send-email` and `send-batch-emails` with an optional
+  `idempotencyKey` (1 to 256 characters; the same key and body answer the first send's id again, another body
+  is a 409 `invalid_idempotent_request`), `send-broadcast` and `send-event` (no key), no annotations on them;
+  answers in words: `Email sent successfully! {"id":"..."}`; `get-email` (by `id`), `get-broadcast` and
   `list-emails` (no filters: `limit`, newest first, one line a message) read back; failures are isError
-  `Email failed to send: {"statusCode":...,"message":...,"name":...}`.
-- AgentMail's MCP (`agentmail-to/agentmail-toolkit`): `send_message` (`inboxId`, `to`, `cc`, `bcc`, `subject`,
-  `text`, `html`, ...; no key) answers `{messageId, threadId}`; `get_message` (`inboxId`, `messageId`) and
-  `list_messages` (`inboxId`, `to`, `labels`, `after`, ... all of them must match) read back; failures are
-  isError `<message> (HTTP <status>)`.
+  `Email failed to send: {"statusCode":...,"message":...,"name":...}`. (The real package itself runs in the
+  tests too, in front of a fake of Resend's REST API: `tests/test_resend_mcp.py`.)
+- AgentMail's hosted MCP (`agentmail-to/agentmail-mcp`, tools from the Node `agentmail-toolkit`):
+  `send_message` (`inboxId`, `to`, `cc`, `bcc`, `subject`, `text`, `html`, ...; no key), `reply_to_message`,
+  `forward_message` and `send_draft` answer `{messageId, threadId}`; `get_message` (`inboxId`, `messageId`)
+  and `list_messages` (`inboxId`, `to`, `labels`, `after`, ... all of them must match) read back; failures
+  are isError `<message> (HTTP <status>)`.
 """
 
 from __future__ import annotations
@@ -51,9 +54,38 @@ _RESEND_SEND = {
 }
 
 
+_RESEND_BATCH = {
+    "emails": {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": 100,
+        "items": {
+            "type": "object",
+            "properties": {
+                name: _RESEND_SEND[name] for name in ("to", "subject", "text", "html", "from", "replyTo", "cc", "bcc")
+            },
+            "required": ["to", "subject", "text"],
+        },
+    },
+    "idempotencyKey": _RESEND_SEND["idempotencyKey"],
+}
+_RESEND_BROADCAST = {"broadcastId": {"type": "string"}, "scheduledAt": {"type": "string"}}
+_RESEND_EVENT = {
+    "event": {"type": "string"},
+    "contactId": {"type": "string"},
+    "email": {"type": "string", "format": "email"},
+    "payload": {"type": "object"},
+}
+
+
 def resend() -> Surface:
+    reads = types.ToolAnnotations(read_only_hint=True)
     tools = (
         _tool("send-email", "Send Email", _RESEND_SEND, ["to", "subject", "text", "from"], None),
+        _tool("send-batch-emails", "Send Batch Emails", _RESEND_BATCH, ["emails"], None),
+        _tool("send-broadcast", "Send Broadcast", _RESEND_BROADCAST, ["broadcastId"], None),
+        _tool("send-event", "Send Event", _RESEND_EVENT, ["event"], None),
+        _tool("get-broadcast", "Get Broadcast", {"broadcastId": {"type": "string"}}, ["broadcastId"], reads),
         _tool("get-email", "Get Email", {"id": {"type": "string"}}, ["id"], types.ToolAnnotations(read_only_hint=True)),
         _tool(
             "list-emails",
@@ -71,14 +103,41 @@ def resend() -> Surface:
         "resend",
         tools,
         _resend_error,
-        sends={"send-email": Send(_resend_sent, key="idempotencyKey", recipients=("to", "cc", "bcc"))},
-        gets={"get-email": Get("id", _resend_details)},
+        sends={
+            "send-email": Send(_resend_sent, key="idempotencyKey", recipients=("to", "cc", "bcc")),
+            "send-batch-emails": Send(_resend_batch, key="idempotencyKey", recipients=("emails",)),
+            "send-broadcast": Send(_resend_broadcast, recipients=("broadcastId",), id_field="broadcastId"),
+            "send-event": Send(_resend_event, recipients=("email", "contactId")),
+        },
+        gets={
+            "get-email": Get("id", _resend_details),
+            "get-broadcast": Get("broadcastId", _resend_broadcast_details, "broadcastId"),
+        },
         lists={"list-emails": Lister(_resend_list)},
     )
 
 
 def _resend_sent(record: Record) -> Answer:
     return Reply({}, text="Email sent successfully! " + json.dumps({"id": record["id"]}, separators=(",", ":")))
+
+
+def _resend_batch(record: Record) -> Answer:
+    return Reply({}, text=f"Batch sent successfully! {len(record['emails'])} email(s) queued.\nIDs: {record['id']}")
+
+
+def _resend_broadcast(record: Record) -> Answer:
+    return Reply({}, text=f"Broadcast sent successfully.\nID: {record['broadcastId']}")
+
+
+def _resend_broadcast_details(record: Record | None, wanted: str) -> Answer:
+    if record is None:
+        return isError(f'Failed to get broadcast: {{"statusCode":404,"name":"not_found","message":"{wanted}"}}')
+    return Reply({}, text=f"ID: {record['broadcastId']}\nName: broadcast\nStatus: sent")
+
+
+def _resend_event(record: Record) -> Answer:
+    contact = record.get("contactId") or record.get("email")
+    return Reply({}, text=f'Event "{record["event"]}" sent successfully.\nContact: {contact}')
 
 
 def _resend_time(record: Record) -> str:
@@ -144,6 +203,15 @@ _WRITES = types.ToolAnnotations(
 
 _READS = types.ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=True)
 
+_AGENTMAIL_REPLY = {
+    **{name: _AGENTMAIL_SEND[name] for name in ("inboxId", "text", "html", "labels", "attachments", "to", "cc", "bcc")},
+    "messageId": {"type": "string", "description": "ID of message"},
+    "replyAll": {"type": "boolean"},
+    "replyTo": _STRINGS,
+}
+_AGENTMAIL_FORWARD = {**_AGENTMAIL_SEND, "messageId": {"type": "string", "description": "ID of message"}}
+_AGENTMAIL_DRAFT = {"inboxId": {"type": "string"}, "draftId": {"type": "string", "description": "ID of draft"}}
+
 _AGENTMAIL_LISTING = {
     "inboxId": {"type": "string"},
     "limit": {"type": "number"},
@@ -176,6 +244,30 @@ def agentmail() -> Surface:
             _AGENTMAIL_SENT,
         ),
         _tool(
+            "reply_to_message",
+            "Reply to a message in its thread.",
+            _AGENTMAIL_REPLY,
+            ["inboxId", "messageId"],
+            _WRITES,
+            _AGENTMAIL_SENT,
+        ),
+        _tool(
+            "forward_message",
+            "Forward a message to new recipients.",
+            _AGENTMAIL_FORWARD,
+            ["inboxId", "messageId", "to"],
+            _WRITES,
+            _AGENTMAIL_SENT,
+        ),
+        _tool(
+            "send_draft",
+            "Send a draft immediately.",
+            _AGENTMAIL_DRAFT,
+            ["inboxId", "draftId"],
+            _WRITES,
+            _AGENTMAIL_SENT,
+        ),
+        _tool(
             "get_message",
             "Get one message by ID with its full body.",
             {"inboxId": {"type": "string"}, "messageId": {"type": "string"}},
@@ -189,8 +281,12 @@ def agentmail() -> Surface:
         tools,
         lambda status, message="request failed": isError(f"{message} (HTTP {status})"),
         sends={
-            "send_message": Send(
-                _agentmail_sent, recipients=("to", "cc", "bcc"), id_field="messageId", adds=_agentmail_fields
+            name: Send(_agentmail_sent, recipients=recipients, id_field="messageId", adds=_agentmail_fields)
+            for name, recipients in (
+                ("send_message", ("to", "cc", "bcc")),
+                ("reply_to_message", ("to", "cc", "bcc")),
+                ("forward_message", ("to", "cc", "bcc")),
+                ("send_draft", ("draftId",)),
             )
         },
         gets={"get_message": Get("messageId", _agentmail_message, id_field="messageId")},

@@ -1,5 +1,6 @@
-"""Pure decisions: what Hail's answer means, what state follows, what is refused up front, what an agent
-is told. No I/O anywhere in the package; every other part of hail-guard asks here.
+"""Pure decisions: what the upstream's answer means, what state follows, what is refused up front, what an
+agent is told. No I/O anywhere in the package; every other part of hail-guard asks here. Every text names
+the upstream by the profile's display name (`upstream_name`, set with `naming`).
 
 - `outcomes`: an upstream's answers classified by its profile, the state that follows a first attempt or a
   replay, reconcile's next step (DESIGN.md, classification and reconcile).
@@ -10,8 +11,9 @@ is told. No I/O anywhere in the package; every other part of hail-guard asks her
 - `answers`: what an agent is told: states in words, the one next step, headlines, every failure.
 - `operator`: review resolutions, resends, opt-outs and pruning, and the texts they write.
 
-`repeats` words its refusals with `answers`; the others stand alone. Each reads the tool's profile
-(`hail_guard.profiles.ToolSpec`) where the upstream's contract matters. Callers use the names below.
+`repeats` words its refusals with `answers`, and every module names the upstream with
+`answers.upstream_name`. Each reads the tool's profile (`hail_guard.profiles.ToolSpec`) where the
+upstream's contract matters. Callers use the names below.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from hail_guard.policy.answers import (
     Failure,
     failure_of,
     headline,
+    naming,
     next_step,
     sentence,
     state_phrase,
+    upstream_name,
 )
 from hail_guard.policy.arguments import (
     check_rules,
@@ -103,6 +107,7 @@ __all__ = [
     "key_conflict",
     "lookup_failed",
     "meaning_differences",
+    "naming",
     "next_step",
     "not_in_review",
     "outcome_of_replay",
@@ -121,5 +126,6 @@ __all__ = [
     "state_phrase",
     "suppressed_refusal",
     "suppression_reason",
+    "upstream_name",
     "validate_arguments",
 ]

@@ -1,15 +1,21 @@
 """What an agent is told: an operation's state in words, the one safe next step, and every failure.
 
 `next_step` names the one safe thing to do about an operation; `headline` says what happened to a
-send whose answer is not Hail's own record; `failure_of` is the one table from our errors (and a
+send whose answer is not the upstream's own record; `failure_of` is the one table from our errors (and a
 bug) to the text an agent gets, and says when the operator's log must hold what the text leaves out
 (the ledger's host, user or path). The server builds the MCP results from these (`hail_guard.views`).
+
+Every text names the upstream as `upstream_name()` says: the display name of the profile in use (`Hail`,
+`Resend`, `AgentMail`...), set once where a process or a call learns it (`naming`: the command line for its
+whole run, the proxy for each call it serves), so that no text function takes the name as an argument.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,29 +29,49 @@ from hail_guard.errors import (
     RefusedByPolicy,
     SignInRequired,
     UpstreamError,
+    UpstreamUnavailable,
 )
 from hail_guard.models import Operation, State
+
+DEFAULT_UPSTREAM_NAME = "Hail"
+_UPSTREAM_NAME: ContextVar[str] = ContextVar("upstream_name", default=DEFAULT_UPSTREAM_NAME)
+
+
+def upstream_name() -> str:
+    """How texts name the upstream here: the profile's display name (`naming`), else Hail, the default."""
+    return _UPSTREAM_NAME.get()
+
+
+@contextmanager
+def naming(name: str) -> Iterator[None]:
+    """Texts made inside the block (and in the tasks it starts) name the upstream `name`."""
+    token = _UPSTREAM_NAME.set(name)
+    try:
+        yield
+    finally:
+        _UPSTREAM_NAME.reset(token)
 
 
 def state_phrase(operation: Operation) -> str:
     """How an answer names an operation's state, honest about what it means for the recipient."""
     if operation.may_have_left:
         return f"{operation.state.value} (closed by an operator; it may have been sent)"
+    name = upstream_name()
     return {
-        State.ACCEPTED: "accepted by Hail",
-        State.UNKNOWN: "unknown (Hail may have sent it)",
+        State.ACCEPTED: f"accepted by {name}",
+        State.UNKNOWN: f"unknown ({name} may have sent it)",
         State.SENDING: "being sent right now",
         State.NEEDS_REVIEW: "waiting for a human decision (it may have been sent)",
         State.READY: "waiting to be sent",
         State.PLANNED: "planned, waiting for approval",
-        State.FAILED: "failed (refused by Hail)",
+        State.FAILED: f"failed (refused by {name})",
         State.CANCELLED: "cancelled before it was sent",
     }[operation.state]
 
 
 _NEXT_STEP = {
-    State.ACCEPTED: "done: Hail accepted it (delivery is tracked apart); do not send it again",
-    State.FAILED: "Hail refused it for good: fix the cause, then send a new message (it needs a new key)",
+    State.ACCEPTED: "done: {upstream} accepted it (delivery is tracked apart); do not send it again",
+    State.FAILED: "{upstream} refused it for good: fix the cause, then send a new message (it needs a new key)",
     State.UNKNOWN: "do NOT resend it, in any form: call `reconcile` with operation_id={id}",
     State.SENDING: "do not send it again: call `get_operation` with operation_id={id} in a minute",
     State.READY: "call again later with the same arguments (the same key is safe)",
@@ -67,20 +93,20 @@ def next_step(operation: Operation) -> str:
         return f"do not send it again: it was superseded by an operator's resend, operation {operation.resent_as}"
     if operation.may_have_left:
         return _MAY_HAVE_LEFT_STEP
-    return _NEXT_STEP[operation.state].format(id=operation.id)
+    return _NEXT_STEP[operation.state].format(id=operation.id, upstream=upstream_name())
 
 
 def headline(operation: Operation) -> str:
-    """What happened, in one sentence, for an answer that is not Hail's own record."""
+    """What happened, in one sentence, for an answer that is not the upstream's own record."""
     if operation.state is State.CANCELLED:
         if operation.may_have_left:
             return f"CLOSED BY AN OPERATOR, MAY HAVE BEEN SENT: {_clause(operation.cancel_reason)}."
         return f"NOT SENT: it was cancelled before it left ({_clause(operation.cancel_reason)})."
     return {
-        State.UNKNOWN: "OUTCOME UNKNOWN: Hail may already have sent this message.",
+        State.UNKNOWN: f"OUTCOME UNKNOWN: {upstream_name()} may already have sent this message.",
         State.SENDING: "IN FLIGHT: this message is being sent right now.",
         State.NEEDS_REVIEW: f"NEEDS REVIEW: {_clause(operation.review_reason or 'the outcome stayed unclear')}.",
-        State.READY: f"NOT SENT YET: {_clause(operation.last_error or 'Hail asked to wait')}.",
+        State.READY: f"NOT SENT YET: {_clause(operation.last_error or f'{upstream_name()} asked to wait')}.",
         State.PLANNED: "NOT SENT YET: the send is planned and waits for approval.",
     }[operation.state]
 
@@ -109,7 +135,7 @@ class Failure:
 
     message: str
     details: Mapping[str, Any] = field(default_factory=dict)
-    """Fields of the answer besides `error` (the differing fields of a key conflict, what Hail said)."""
+    """Fields of the answer besides `error` (the differing fields of a key conflict, what the upstream said)."""
     logged: bool = False
     """The message leaves out what an operator needs (the ledger's own failure, a bug): log the error."""
     crashed: bool = False
@@ -135,10 +161,12 @@ def _not_recorded(error: OutcomeNotRecorded) -> Failure:
 _TOLD: tuple[tuple[type[Exception] | tuple[type[Exception], ...], Callable[[Any], Failure]], ...] = (
     (KeyConflict, lambda error: Failure(str(error), {"differing_fields": error.differing_fields})),
     ((BadInput, RefusedByPolicy, NotFound, SignInRequired), lambda error: Failure(str(error))),
-    (UpstreamError, lambda error: Failure(f"Hail did not answer: {error}")),
+    (UpstreamUnavailable, lambda error: Failure(str(error))),
+    (UpstreamError, lambda error: Failure(f"{upstream_name()} did not answer: {error}")),
     (OutcomeNotRecorded, _not_recorded),
     (LedgerUnavailable, lambda _: Failure(LEDGER_UNAVAILABLE, logged=True)),
     (HailGuardError, lambda error: Failure(f"hail-guard could not do this: {error}", logged=True)),
 )
-"""Our errors, most particular first: a refusal or a sign-in says all (one sentence: nothing was sent);
-Hail's failure is named; the ledger's is said without its details, which go to the operator's log."""
+"""Our errors, most particular first: a refusal, a sign-in or an upstream that could not be reached says all
+(one sentence, naming the upstream: nothing was sent); any other failure of the upstream is named; the
+ledger's is said without its details, which go to the operator's log."""

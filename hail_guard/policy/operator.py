@@ -16,6 +16,7 @@ from hail_guard.errors import (
     RefusedByPolicy,
 )
 from hail_guard.models import Operation, State, Suppression
+from hail_guard.policy.answers import upstream_name
 
 REVIEW_RESOLUTIONS = (State.ACCEPTED, State.FAILED, State.CANCELLED)
 """What an operator may decide a `needs_review` operation became."""
@@ -26,12 +27,12 @@ WEBHOOK_DEDUPE_SECONDS = 3 * 86400.0
 def found_in_upstream(
     operation: Operation, record: Mapping[str, Any], searched: str, found: str | None
 ) -> RefusedByPolicy:
-    """The refusal of a resend whose message Hail already has (`found`: its id there)."""
-    found = found or "?"
+    """The refusal of a resend whose message the upstream already has (`found`: its id there)."""
+    found, name = found or "?", upstream_name()
     return RefusedByPolicy(
-        f"Hail has this message ({searched} found {found}, status {record.get('status', '?')}): it was sent, so "
+        f"{name} has this message ({searched} found {found}, status {record.get('status', '?')}): it was sent, so "
         f"nothing was resent. Record it with `hail-guard review resolve {operation.id} --as accepted "
-        f'--provider-id {found} --reason "found in Hail"`'
+        f'--provider-id {found} --reason "found in {name}"`'
     )
 
 
@@ -43,7 +44,9 @@ def check_review_decision(state: State, reason: str, provider_id: str | None = N
     if not reason.strip():
         raise BadInput("say why (--reason): every review decision is kept in the history; nothing changed")
     if provider_id is not None and state is not State.ACCEPTED:
-        raise BadInput("a provider id goes only with `accepted` (the id Hail gave the message); nothing changed")
+        raise BadInput(
+            f"a provider id goes only with `accepted` (the id {upstream_name()} gave the message); nothing changed"
+        )
 
 
 def not_in_review(operation: Operation, action: str) -> RefusedByPolicy:
@@ -55,9 +58,9 @@ def not_in_review(operation: Operation, action: str) -> RefusedByPolicy:
 
 
 def prune_age_seconds(older_than_days: float | None, *, key_retention_hours: float) -> float:
-    """How old a resolved operation must be to be pruned; refuses no age, and one inside Hail's key retention.
-
-    A pruned key is forgotten by hail-guard; while Hail may still remember it, the ledger must too.
+    """How old a resolved operation must be to be pruned; refuses no age, and one inside the upstream's key
+    retention. A pruned key is forgotten by hail-guard; while the upstream may still remember it, the ledger
+    must too.
     """
     if older_than_days is None:
         raise BadInput("prune needs an age: --older-than DAYS; nothing was removed")
@@ -67,7 +70,8 @@ def prune_age_seconds(older_than_days: float | None, *, key_retention_hours: flo
     retention = key_retention_hours * 3600.0
     if seconds < retention:
         raise RefusedByPolicy(
-            f"--older-than {older_than_days:g} is inside Hail's key retention ({key_retention_hours:g} h): those "
+            f"--older-than {older_than_days:g} is inside {upstream_name()}'s key retention "
+            f"({key_retention_hours:g} h): those "
             f"operations are kept; use --older-than {math.ceil(retention / 86400.0)} or more. Nothing was removed"
         )
     return seconds
@@ -91,7 +95,9 @@ def resend_texts(old_id: str, new_id: str, reason: str) -> ResendTexts:
     return ResendTexts(
         new_event=f"review: resend of {old_id}: {reason.strip()}",
         old_event=f"review: superseded by resend {new_id}: {reason.strip()}",
-        cancel_reason=f"superseded by resend {new_id} (an operator's decision; Hail may have this one too)",
+        cancel_reason=(
+            f"superseded by resend {new_id} (an operator's decision; {upstream_name()} may have this one too)"
+        ),
     )
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from hail_guard import pointers
 from hail_guard.errors import UpstreamError, UpstreamUnavailable
 from hail_guard.models import Answer, AnswerKind, Operation, Outcome, State
+from hail_guard.policy.answers import upstream_name
 from hail_guard.profiles import ToolSpec, read_answer
 
 if TYPE_CHECKING:
@@ -133,16 +134,21 @@ _FIRST_ATTEMPT: dict[AnswerKind, State] = {
 }
 
 _REASONS: dict[AnswerKind, str] = {
-    AnswerKind.ACCEPTED: "Hail accepted the request",
-    AnswerKind.REFUSED: "Hail refused the request for good",
-    AnswerKind.STILL_PROCESSING: "Hail is still processing this key",
-    AnswerKind.KEY_CONFLICT: "Hail holds this key for a different request",
-    AnswerKind.RETRY_LATER: ("Hail saved nothing (rate limit, auth or no free number); the same key is safe later"),
+    AnswerKind.ACCEPTED: "{upstream} accepted the request",
+    AnswerKind.REFUSED: "{upstream} refused the request for good",
+    AnswerKind.STILL_PROCESSING: "{upstream} is still processing this key",
+    AnswerKind.KEY_CONFLICT: "{upstream} holds this key for a different request",
+    AnswerKind.RETRY_LATER: "{upstream} saved nothing (rate limit, auth or no free number); the same key is safe later",
     AnswerKind.GATEWAY_ERROR: "a gateway error that may hide a success",
     AnswerKind.LOST: "no usable answer: the request may have been sent",
-    AnswerKind.MISREAD_SUCCESS: "Hail could not read its own answer; the message may have been sent",
+    AnswerKind.MISREAD_SUCCESS: "{upstream} could not read its own answer; the message may have been sent",
     AnswerKind.UNRECOGNISED: "an error hail-guard does not recognise",
 }
+"""Why each kind of answer led where it did: ledger texts, naming the upstream (`reason_of`)."""
+
+
+def reason_of(kind: AnswerKind) -> str:
+    return _REASONS[kind].format(upstream=upstream_name())
 
 
 def outcome_of_send(answer: Answer) -> Outcome:
@@ -150,32 +156,32 @@ def outcome_of_send(answer: Answer) -> Outcome:
     state = _FIRST_ATTEMPT[answer.kind]
     return Outcome(
         state=state,
-        reason=_REASONS[answer.kind],
+        reason=reason_of(answer.kind),
         provider_id=answer.provider_id,
         result=answer.result,
         error=answer.error,
         not_before_seconds=answer.retry_after_seconds if state is State.READY else None,
         check_after_seconds=_first_check_after(answer.kind) if state is State.UNKNOWN else None,
-        review_reason=_REASONS[answer.kind] if state is State.NEEDS_REVIEW else None,
+        review_reason=reason_of(answer.kind) if state is State.NEEDS_REVIEW else None,
     )
 
 
 def _first_check_after(kind: AnswerKind) -> float:
-    """An unknown is due for reconcile at once, unless Hail said it is still working on it."""
+    """An unknown is due for reconcile at once, unless the upstream said it is still working on it."""
     return CHECK_AGAIN_SECONDS if kind is AnswerKind.STILL_PROCESSING else 0.0
 
 
 def outcome_of_replay(answer: Answer, *, previous_error: str | None, attempts: int, max_attempts: int) -> Outcome:
     """The outcome of a same-key replay by reconcile (`unknown` -> ...).
 
-    `attempts` counts the replay being judged. An error that repeats unchanged is Hail replaying
+    `attempts` counts the replay being judged. An error that repeats unchanged is the upstream replaying
     what it saved: an unrecognised one is a saved failure, a misread success stays unreadable.
     """
     kind = answer.kind
     repeated = answer.error is not None and answer.error == previous_error
     base = Outcome(
         state=State.UNKNOWN,
-        reason=_REASONS[kind],
+        reason=reason_of(kind),
         provider_id=answer.provider_id,
         result=answer.result,
         error=answer.error,
@@ -183,11 +189,11 @@ def outcome_of_replay(answer: Answer, *, previous_error: str | None, attempts: i
     if kind is AnswerKind.ACCEPTED:
         return base.model_copy(update={"state": State.ACCEPTED})
     if kind is AnswerKind.REFUSED or (kind is AnswerKind.UNRECOGNISED and repeated):
-        return base.model_copy(update={"state": State.FAILED, "reason": "Hail replayed a saved failure"})
+        return base.model_copy(update={"state": State.FAILED, "reason": f"{upstream_name()} replayed a saved failure"})
     if kind is AnswerKind.KEY_CONFLICT or (kind is AnswerKind.MISREAD_SUCCESS and repeated):
-        return base.model_copy(update={"state": State.NEEDS_REVIEW, "review_reason": _REASONS[kind]})
+        return base.model_copy(update={"state": State.NEEDS_REVIEW, "review_reason": reason_of(kind)})
     if attempts >= max_attempts:
-        reason = f"still unclear after {attempts} reconcile attempts: {_REASONS[kind]}"
+        reason = f"still unclear after {attempts} reconcile attempts: {reason_of(kind)}"
         return base.model_copy(update={"state": State.NEEDS_REVIEW, "review_reason": reason, "reason": reason})
     wait = answer.retry_after_seconds if kind is AnswerKind.RETRY_LATER else None
     return base.model_copy(update={"check_after_seconds": wait or CHECK_AGAIN_SECONDS})
@@ -213,10 +219,10 @@ def provider_id_taken(outcome: Outcome, holder_id: str) -> Outcome:
 
 
 def replay_not_made(error: str) -> Outcome:
-    """A reconcile replay that never left (Hail unreachable): still unknown, and the attempt is not spent."""
+    """A reconcile replay that never left (the upstream unreachable): still unknown, and the attempt is not spent."""
     return Outcome(
         state=State.UNKNOWN,
-        reason="Hail could not be reached; nothing was replayed",
+        reason=f"{upstream_name()} could not be reached; nothing was replayed",
         error=error,
         check_after_seconds=CHECK_AGAIN_SECONDS,
         attempted=False,
@@ -234,7 +240,7 @@ class ReconcileStep(StrEnum):
     LOOKUP = "lookup"
     """The provider id is known: read the message back."""
     REVIEW = "review"
-    """A replay could send again: a human decides (after a search of Hail's messages found nothing)."""
+    """A replay could send again: a human decides (after a search of the upstream's messages found nothing)."""
     REPLAY = "replay"
     """Replay the stored request under the same key."""
 
@@ -265,7 +271,7 @@ def plan_reconcile(
     if now - started > horizon:
         return ReconcilePlan(
             ReconcileStep.REVIEW,
-            f"first sent {started.isoformat()}, older than Hail's key retention "
+            f"first sent {started.isoformat()}, older than {upstream_name()}'s key retention "
             f"({key_retention_hours:g} h) less a margin: a replay could send again",
         )
     return ReconcilePlan(ReconcileStep.REPLAY)

@@ -3,8 +3,11 @@
 Each tool the profile guards must be listed, and every pointer into its arguments (recipients, content,
 sender, key, rules) must be something its input schema declares; its lookup's and search's tools must be
 listed and take the arguments they are given; pointers into answers are checked against the output schema
-where the tool declares one (where it declares none, they cannot be, and the check says so). A tool that
-says it writes to the world but is not guarded, and a key argument the profile does not use, are warned of.
+where the tool declares one (where it declares none, they cannot be, and the check says so). A key must be
+named like one (`idempotencyKey`), unless the tool says `key_checked = true`. A tool that sends
+(`sending.sends`) but that the profile neither guards nor lets pass (`pass_through`) is an error too:
+`serve` refuses it to the agent (`per_call`); every other error makes `serve` refuse the profile at start.
+A key argument the profile does not use is warned of.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, Literal
 from mcp import types
 
 from hail_guard import pointers
-from hail_guard.profiles.drafting import writes_to_world
+from hail_guard.profiles import sending
 from hail_guard.profiles.model import Search
 from hail_guard.profiles.spec import Profile, ToolSpec
 
@@ -27,6 +30,12 @@ class Finding:
     where: str
     """The key of the profile it is about: `post_message.search.match`."""
     what: str
+    per_call: bool = False
+    """An error `serve` answers per call (the tool is refused to the agent) rather than at start."""
+
+
+CHECK_COMMAND = "hail-guard profile check PROFILE"
+"""What checks a profile against the configured upstream (`--from` for another)."""
 
 
 def check(profile: Profile, tools: Iterable[types.Tool]) -> list[Finding]:
@@ -43,14 +52,31 @@ def check(profile: Profile, tools: Iterable[types.Tool]) -> list[Finding]:
         findings += _answer(spec, tool)
         findings += _reads(spec, tool, listed)
     guarded = profile.guarded({name: tool.input_schema for name, tool in listed.items()}, None)
-    for tool in listed.values():
-        if tool.name not in guarded and writes_to_world(tool):
-            why = "its annotations say it writes to the world" if tool.annotations else "it has no annotations"
-            findings.append(
-                Finding("warning", tool.name, f"not guarded, though {why}: add a [[tools]] entry if it sends")
-            )
+    findings += [unguarded_sender(profile, tool) for tool in unguarded_senders(profile, listed.values(), guarded)]
+    if unlisted := sorted(profile.pass_through - set(listed)):
+        said = ", ".join(map(repr, unlisted))
+        findings.append(Finding("warning", "profile.pass_through", f"the upstream lists no tool {said}"))
     order = {"error": 0, "warning": 1, "note": 2}
     return sorted(findings, key=lambda finding: order[finding.level])
+
+
+def unguarded_senders(profile: Profile, tools: Iterable[types.Tool], guarded: set[str]) -> list[types.Tool]:
+    """The tools that send (`sending.sends`) which the profile neither guards nor lets pass: refused."""
+    return [
+        tool
+        for tool in tools
+        if tool.name not in guarded and tool.name not in profile.pass_through and sending.sends(tool)
+    ]
+
+
+def unguarded_sender(profile: Profile, tool: types.Tool) -> Finding:
+    return Finding(
+        "error",
+        tool.name,
+        f"not guarded, though {sending.why_it_sends(tool)}: guard it with a [[tools]] entry, or, if it sends "
+        f"nothing, name it in [profile] pass_through; until then hail-guard refuses it",
+        per_call=True,
+    )
 
 
 def _known(listed: Mapping[str, types.Tool]) -> str:
@@ -76,8 +102,18 @@ def _arguments(spec: ToolSpec, tool: types.Tool, *, inherited: set[str]) -> list
         fields += [(f"{spec.name}.rules", p) for p in (*named, *rule.when)]
     findings = [_missing(where, p, tool.input_schema, f"{tool.name}'s input schema") for where, p in fields]
     found = [finding for finding in findings if finding is not None]
-    taken = _top(tool.input_schema)
-    keyish = [name for name in taken if name.lower().replace("_", "").replace("-", "") == "idempotencykey"]
+    keyish = sending.key_arguments(tool)
+    if spec.key is not None and not spec.key_checked and not sending.is_key_like(spec.key):
+        found.append(
+            Finding(
+                "error",
+                f"{spec.name}.key",
+                f"{pointers.pointer_to(spec.key)!r} is not named like an idempotency key (idempotency_key, "
+                "idempotencyKey...): a wrong "
+                "key is never set, and a replay sends again. Point key at the tool's key argument, or say "
+                "key_checked = true if this one is",
+            )
+        )
     if spec.key is None and keyish:
         found.append(
             Finding(

@@ -1,11 +1,14 @@
 """`hail-guard profile init`: a profile drafted from an upstream's tool list, every guess marked for review.
 
-A tool is proposed as guarded when its annotations say it writes to the world (`readOnlyHint` false,
-`openWorldHint` not false; MCP's defaults when it has none). Its recipients, message, sender and key
-argument are guessed from the property names and formats of its input schema, its id from its output
-schema, and its lookup and search from the read-only tools that share its name's words. Everything an
-upstream says (names, descriptions) is hostile text: written only inside escaped TOML strings and
-one-line, escaped comments (`toml_string`, `comment_text`).
+Every tool that sends (`sending.sends`: it writes to the world and takes a key, names people or says it
+sends) is drafted: guarded when it takes a key, says whom a message goes to (`to`, `phone`, `channel`) or
+its name says it sends, else listed in `pass_through` (a tool that only names whom it is about, such as
+`create-contact(email)`). Its recipients,
+message, sender and key argument are guessed from the property names and formats of its input schema (in
+the items of an array of objects too: `/emails/*/to`), its id from its output schema, and its lookup and
+search from the read-only tools that share its name's words. Everything an upstream says (names,
+descriptions) is hostile text: written only inside escaped TOML strings and one-line, escaped comments
+(`toml_string`, `comment_text`).
 """
 
 from __future__ import annotations
@@ -18,28 +21,8 @@ from typing import Any
 from mcp import types
 
 from hail_guard import pointers
+from hail_guard.profiles import sending
 
-_KEYS = {"idempotencykey", "idempotencytoken", "dedupekey", "dedupkey", "deduplicationkey"}
-_RECIPIENTS = {
-    "to",
-    "cc",
-    "bcc",
-    "recipient",
-    "recipients",
-    "channel",
-    "channelid",
-    "chatid",
-    "conversationid",
-    "roomid",
-    "phone",
-    "phonenumber",
-    "number",
-    "email",
-    "emailaddress",
-    "userid",
-    "target",
-    "destination",
-}
 _CONTENT = {
     "subject",
     "text",
@@ -65,16 +48,12 @@ _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 REVIEW = "  # REVIEW: guessed from the schema"
 
 
-def writes_to_world(tool: types.Tool) -> bool:
-    """What MCP's annotations say: not read-only, and not limited to a closed world (defaults when unsaid)."""
-    notes = tool.annotations
-    read_only = bool(notes.read_only_hint) if notes is not None and notes.read_only_hint is not None else False
-    open_world = notes.open_world_hint if notes is not None and notes.open_world_hint is not None else True
-    return not read_only and open_world is not False
-
-
-def draft(tools: Sequence[types.Tool], *, source: str, name: str) -> str:
+def draft(tools: Sequence[types.Tool], *, source: str, name: str, key_env: str | None = None) -> str:
     """The TOML text of a profile for the upstream whose `tools/list` answered `tools`."""
+    reads = [tool for tool in tools if not sending.writes_to_world(tool)]
+    senders = [tool for tool in tools if sending.sends(tool)]
+    guarded = [tool for tool in senders if _surely_sends(tool)]
+    passed = [tool for tool in senders if tool not in guarded]
     lines = [
         f"# Drafted by `hail-guard profile init` from {comment_text(source)}.",
         "# Every line marked REVIEW is a guess from the tool's schema: check it against the server's",
@@ -82,29 +61,40 @@ def draft(tools: Sequence[types.Tool], *, source: str, name: str) -> str:
         "",
         "[profile]",
         f"name = {toml_string(name)}",
+        *([f"key_env = {toml_string(key_env)}  # the variable that holds its API key"] if key_env else []),
     ]
-    reads = [tool for tool in tools if not writes_to_world(tool)]
-    guarded = [tool for tool in tools if writes_to_world(tool)]
+    if passed:
+        lines += [
+            "# REVIEW: these write to the world and name people, but say neither whom a message goes to nor that",
+            "# they send: they pass through unguarded. Move each one that messages someone to a [[tools]] entry.",
+            "pass_through = [" + ", ".join(toml_string(tool.name) for tool in passed) + "]",
+        ]
     for tool in guarded:
         lines += ["", *_tool_lines(tool, reads)]
     if not guarded:
-        lines += [
-            "",
-            "# No tool says it writes to the world (readOnlyHint false, openWorldHint not false): add",
-            "# a [[tools]] entry for each tool that sends.",
-        ]
-    if reads:
-        lines += ["", "# Not guarded (read-only, or writing to a closed world only):"]
-        lines += [f"#   {comment_text(tool.name)}" for tool in reads]
+        lines += ["", "# No tool says it sends (a key, recipients, a name such as send_...): add a [[tools]] entry for"]
+        lines += ["# each tool that sends."]
+    others = [tool for tool in tools if tool not in reads and tool not in senders]
+    for title, listed in (
+        ("Not guarded (it writes, but names no one and takes no key):", others),
+        ("Not guarded (read-only, or writing to a closed world only):", reads),
+    ):
+        if listed:
+            lines += ["", f"# {title}", *(f"#   {comment_text(tool.name)}" for tool in listed)]
     return "\n".join(lines) + "\n"
 
 
+def _surely_sends(tool: types.Tool) -> bool:
+    return bool(sending.key_arguments(tool) or sending.addresses_someone(tool) or sending.says_it_sends(tool))
+
+
 def _tool_lines(tool: types.Tool, reads: Sequence[types.Tool]) -> list[str]:
-    properties = _properties(tool.input_schema)
-    recipients = _pick(properties, _RECIPIENTS, formats=("email",))
-    content = _pick(properties, _CONTENT) or [name for name, spec in properties.items() if _is_text(spec)][:1]
-    senders, sender_names = _pick(properties, _SENDERS), _pick(properties, _SENDER_NAMES)
-    key = next(iter(_pick(properties, _KEYS)), None)
+    schema = tool.input_schema
+    properties = sending.properties(schema)
+    keys = sending.key_arguments(tool)
+    recipients = sending.recipient_pointers(schema)
+    content = _named(schema, _CONTENT) or _first_text(properties, keys)
+    senders, sender_names = _named(schema, _SENDERS), _named(schema, _SENDER_NAMES)
     lines = [
         f"# {comment_text(tool.name)}: {comment_text(tool.description or 'no description')}",
         "[[tools]]",
@@ -117,8 +107,8 @@ def _tool_lines(tool: types.Tool, reads: Sequence[types.Tool]) -> list[str]:
         lines.append(f"sender = {_pointer_list(senders)}{REVIEW}")
     if sender_names:
         lines.append(f"sender_names = {_pointer_list(sender_names)}{REVIEW}")
-    if key is not None:
-        lines.append(f"key = {toml_string(pointers.pointer_to(key))}{REVIEW}: its idempotency key")
+    if keys:
+        lines.append(f"key = {toml_string(pointers.pointer_to(keys[0]))}{REVIEW}: its idempotency key")
     else:
         lines.append("# No key argument found: the upstream takes none, so hail-guard never replays this tool.")
     lines.append(f"provider_id = {toml_string(_provider_id(tool))}{REVIEW}: where an answer carries its id")
@@ -131,25 +121,23 @@ def _tool_lines(tool: types.Tool, reads: Sequence[types.Tool]) -> list[str]:
     return lines
 
 
-def _properties(schema: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
-    found = (schema or {}).get("properties")
-    if not isinstance(found, Mapping):
-        return {}
-    return {str(name): spec if isinstance(spec, Mapping) else {} for name, spec in found.items()}
-
-
-def _words(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", name.lower())
-
-
-def _pick(properties: Mapping[str, Mapping[str, Any]], names: set[str], formats: Sequence[str] = ()) -> list[str]:
-    picked = []
-    for name, spec in properties.items():
+def _named(schema: Mapping[str, Any] | None, names: set[str]) -> list[str]:
+    """Pointers to the arguments called one of `names`: at the top, else in the items of an array of objects."""
+    found: list[str] = []
+    for name, spec in sending.properties(schema).items():
+        if sending.words(name) in names:
+            found.append(pointers.pointer_to(name))
+            continue
         items = spec.get("items")
-        shapes = {spec.get("format"), items.get("format") if isinstance(items, Mapping) else None}
-        if _words(name) in names or shapes & set(formats):
-            picked.append(name)
-    return picked
+        inner = sending.properties(items) if isinstance(items, Mapping) else {}
+        found += [pointers.pointer_to(name, pointers.EVERY, part) for part in inner if sending.words(part) in names]
+    return found
+
+
+def _first_text(properties: Mapping[str, Mapping[str, Any]], keys: Sequence[str]) -> list[str]:
+    """The first text argument that is not the key: the message, when nothing is named like one."""
+    texts = [name for name, spec in properties.items() if _is_text(spec) and name not in keys]
+    return [pointers.pointer_to(name) for name in texts[:1]]
 
 
 def _is_text(spec: Mapping[str, Any]) -> bool:
@@ -158,7 +146,7 @@ def _is_text(spec: Mapping[str, Any]) -> bool:
 
 
 def _channel(tool: types.Tool, properties: Mapping[str, Any]) -> str:
-    words = _words(tool.name) + " " + " ".join(_words(name) for name in properties)
+    words = sending.words(tool.name) + " " + " ".join(sending.words(name) for name in properties)
     for channel, hints in (
         ("email", ("email", "mail", "subject")),
         ("sms", ("sms", "text message")),
@@ -171,7 +159,7 @@ def _channel(tool: types.Tool, properties: Mapping[str, Any]) -> str:
 
 
 def _provider_id(tool: types.Tool) -> str:
-    declared = _properties(tool.output_schema)
+    declared = sending.properties(tool.output_schema)
     found = next((name for name in _IDS if name in declared), None)
     found = found or next((name for name in declared if name.lower().endswith("id")), "id")
     return pointers.pointer_to(found)
@@ -200,25 +188,34 @@ def _stems(words: set[str]) -> set[str]:
 
 
 def _lookup(read: types.Tool, send: Mapping[str, Any]) -> str:
-    """The read tool's id argument takes the provider id; its other required arguments the send's alike."""
+    """The read tool's required arguments that the send also takes are the send's; its id argument (the first
+    other required one ending in `id`, else an `id` it declares and the send does not give) the provider id."""
     required = [name for name in (read.input_schema or {}).get("required") or () if isinstance(name, str)]
-    id_argument = next((name for name in required if name.lower().endswith("id") and name not in send), "id")
-    mapped = [f'{toml_key(id_argument)} = "$provider_id"']
-    mapped += [f"{toml_key(name)} = {toml_string(pointers.pointer_to(name))}" for name in required if name in send]
-    return f"{{ tool = {toml_string(read.name)}, arguments = {{ {', '.join(mapped)} }} }}"
+    mapped = {name: toml_string(pointers.pointer_to(name)) for name in required if name in send}
+    declared = sending.properties(read.input_schema)
+    free = [name for name in required if name.lower().endswith("id") and name not in send]
+    id_argument = free[0] if free else "id" if "id" not in send and ("id" in declared or not declared) else None
+    if id_argument is not None:
+        mapped[id_argument] = '"$provider_id"'
+    said = ", ".join(f"{toml_key(name)} = {value}" for name, value in mapped.items())
+    return f"{{ tool = {toml_string(read.name)}, arguments = {{ {said} }} }}"
 
 
 def _search(read: types.Tool, send: Mapping[str, Any], recipients: Sequence[str], content: Sequence[str]) -> str:
-    properties = _properties(read.input_schema)
-    shared = [name for name in properties if name in send and (name in recipients or _words(name) in _SENDERS)]
+    shared = [
+        name
+        for name in sending.properties(read.input_schema)
+        if name in send and (pointers.pointer_to(name) in recipients or sending.words(name) in _SENDERS)
+    ]
     arguments = ", ".join(f"{toml_key(name)} = {toml_string(pointers.pointer_to(name))}" for name in shared)
-    match = _pointer_list([name for name in content if _words(name) in {"subject", "text", "body", "message"}][:1])
+    texts = {"subject", "text", "body", "message"}
+    match = _pointer_list([pointer for pointer in content if sending.words(pointers.parse(pointer)[-1]) in texts][:1])
     arguments = f"{{ {arguments} }}" if arguments else "{}"
     return f"{{ tool = {toml_string(read.name)}, arguments = {arguments}, match = {match} }}"
 
 
-def _pointer_list(names: Sequence[str]) -> str:
-    return "[" + ", ".join(toml_string(pointers.pointer_to(name)) for name in names) + "]"
+def _pointer_list(found: Sequence[str]) -> str:
+    return "[" + ", ".join(toml_string(pointer) for pointer in found) + "]"
 
 
 def toml_key(name: str) -> str:

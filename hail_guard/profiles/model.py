@@ -1,6 +1,7 @@
 """A profile: an upstream's contract as data, as read from its TOML file (pydantic, strict).
 
-    [profile]   name, description, key_retention_hours, guard_tools_taking_key
+    [profile]   name, display_name, description, key_env, key_retention_hours, guard_tools_taking_key,
+                pass_through
     [defaults]  what every tool entry leaves out (recipients, sender, key, provider_id, ...)
     [[tools]]   one guarded tool each: channel, recipients, content, key, provider_id, lookup, search, rules
     [answers]   how an answer is read and sorted: the error field, isError, the table of patterns
@@ -57,7 +58,14 @@ class _Strict(BaseModel):
 
 class Meta(_Strict):
     name: str = Field(min_length=1)
+    display_name: str | None = Field(default=None, min_length=1, max_length=60)
+    """How every text names the upstream (`Resend`); default: `name`."""
     description: str = ""
+    key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """The variable that holds the upstream's API key (`RESEND_API_KEY`), unless `[upstream] token_env` names one."""
+    pass_through: list[str] = Field(default_factory=list)
+    """Tools that write to the world and name people, but send nothing (Resend's `create-contact`): forwarded
+    unguarded. Any other such tool the profile does not guard is refused (`profiles.sending`)."""
     key_retention_hours: float = Field(default=24.0, gt=0)
     """How long the upstream keeps a key: replays stop this long (less a margin) after the first attempt."""
     guard_tools_taking_key: bool = False
@@ -214,6 +222,8 @@ class ToolFields(_Strict):
     while a send to a lead is unresolved, nothing new goes to that lead on any channel; `[]`: never held so."""
     key: ArgumentPointer | None = None
     """The upstream's idempotency key argument; none: the upstream takes no key."""
+    key_checked: bool | None = None
+    """The key argument's name does not say it is a key (`profile check` refuses such a key unless this is true)."""
     provider_id: Pointer | None = None
     """Where an accepted answer carries the upstream's id (default `/id`)."""
     required: list[Pointer] | None = None
@@ -246,6 +256,9 @@ class ProfileData(_Strict):
             raise ValueError(f"tools named more than once: {', '.join(twice)}; give each tool one [[tools]] entry")
         if self.profile.guard_tools_taking_key and self.defaults.key is None:
             raise ValueError("guard_tools_taking_key needs the key argument in [defaults] (key = '/...')")
+        both = sorted(set(names) & set(self.profile.pass_through))
+        if both:
+            raise ValueError(f"tools both guarded and in pass_through: {', '.join(both)}; a tool is one or the other")
         return self
 
 

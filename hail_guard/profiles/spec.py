@@ -56,6 +56,8 @@ class ToolSpec:
     """Who a send is for in the caller's own records (`same_send.lead_of`); empty: nobody."""
     key: str | None
     """The upstream's key argument (a top-level name); None: the upstream takes no key."""
+    key_checked: bool
+    """Its name need not say it is a key (`profile check`)."""
     provider_id: str
     required: tuple[str, ...]
     answer_text: re.Pattern[str] | None
@@ -106,6 +108,7 @@ def spec_of(entry: ToolEntry, defaults: ToolFields, answers: Answers, rules: Seq
         sender_names=sender_names,
         lead=tuple(pick("lead", DEFAULT_LEAD)),
         key=key,
+        key_checked=bool(pick("key_checked", False)),
         provider_id=pick("provider_id", "/id"),
         required=tuple(pick("required", ())),
         answer_text=re.compile(text, re.DOTALL) if text is not None else None,
@@ -225,6 +228,22 @@ class Profile:
     @property
     def name(self) -> str:
         return self.data.profile.name
+
+    @property
+    def display_name(self) -> str:
+        """How texts name the upstream: `Hail`, `Resend`, `AgentMail`, or the profile's own."""
+        meta = self.data.profile
+        return meta.display_name or meta.name
+
+    @property
+    def key_env(self) -> str | None:
+        """The variable that holds the upstream's API key, as the profile says."""
+        return self.data.profile.key_env
+
+    @property
+    def pass_through(self) -> frozenset[str]:
+        """Tools forwarded unguarded although they write to the world and name people."""
+        return frozenset(self.data.profile.pass_through)
 
     @property
     def key_retention_hours(self) -> float:
