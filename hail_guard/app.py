@@ -11,8 +11,9 @@ import os
 import signal
 import stat
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, TextIO
 
 import anyio
@@ -203,9 +204,12 @@ async def until_signalled(run: Callable[[], Awaitable[None]], *, event: str) -> 
 
     Cancelled, a send in flight is recorded `unknown` by the guard, shielded, before the ledger closes
     (over HTTP only those still running after `[http] shutdown_grace_seconds`). Errors come out as raised
-    (`ConfigError` for a port in use...), not wrapped in a group.
+    (`ConfigError` for a port in use...), not wrapped in a group. Off the main thread (`main` embedded in a
+    thread), where no signal arrives, it just runs `run`.
     """
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    on_main = threading.current_thread() is threading.main_thread()
+    receiver = anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) if on_main else _no_signals()
+    with receiver as signals:
         try:
             async with anyio.create_task_group() as tg:
 
@@ -222,6 +226,15 @@ async def until_signalled(run: Callable[[], Awaitable[None]], *, event: str) -> 
             if len(group.exceptions) == 1 and isinstance(group.exceptions[0], HailGuardError):
                 raise group.exceptions[0] from None
             raise
+
+
+@contextmanager
+def _no_signals() -> Iterator[AsyncIterator[int]]:
+    async def never() -> AsyncIterator[int]:
+        await anyio.sleep_forever()
+        yield signal.SIGTERM  # never reached: it only makes this an async generator
+
+    yield never()
 
 
 def _stdin() -> ReadableStdin | None:

@@ -520,7 +520,9 @@ def test_status_says_whether_the_upstream_answers_and_never_fails_for_it(
     monkeypatch.setenv("HAIL_GUARD_CONFIG", str(path))
     code, out, _ = run(capsys, "status")
     assert (code, "upstream answers: yes: it lists 3 tool(s)" in out) == (0, True)
-    monkeypatch.setenv("HAIL_GUARD_UPSTREAM_URL", f"http://127.0.0.1:{closed_port()}/mcp")
+    path.write_text(  # a url and a command both set is refused at start: the url alone
+        f'[ledger]\nurl = "sqlite:///{tmp_path / "ledger.db"}"\n[upstream]\nurl = "http://127.0.0.1:{closed_port()}/mcp"\n'
+    )
     code, out, _ = run(capsys, "status", "--json")
     answered = json.loads(out)["upstream_answers"]
     assert (code, answered["answers"]) == (0, False)
