@@ -146,11 +146,11 @@ class Guard:
             window_seconds=settings.duplicate_window_hours * 3600.0,
             hold_lead=settings.hold_lead_across_channels,
             similarity_threshold=settings.similarity_threshold,
-            text_of=self._text_of,
+            message_of=self._message_of,
         )
 
-    def _text_of(self, operation: Operation) -> str:
-        return same_send.message_text(self.spec(operation.tool), operation.arguments())
+    def _message_of(self, tool: str, arguments: Mapping[str, Any]) -> str:
+        return same_send.message_text(self.spec(tool), arguments)
 
     def spec(self, tool: str) -> ToolSpec:
         """How the profile guards `tool`."""

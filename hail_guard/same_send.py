@@ -64,12 +64,13 @@ class Rules:
     """A send to a lead with an unresolved send on any channel is held (`[guard] hold_lead_across_channels`)."""
     similarity_threshold: float | None = DEFAULT_SIMILARITY
     """A text at least this similar to one a recipient has is a probable duplicate; None: not compared."""
-    text_of: Callable[[Operation], str] | None = None
-    """A stored send's `message_text` (by its tool's profile entry); None: texts are not compared."""
+    message_of: Callable[[str, Mapping[str, Any]], str] | None = None
+    """A send's `message_text` from its tool and arguments (by the tool's profile entry); None: texts are not
+    compared."""
 
     @property
     def compares_near(self) -> bool:
-        return self.similarity_threshold is not None and self.text_of is not None
+        return self.similarity_threshold is not None and self.message_of is not None
 
     def match_states(self, *, allow_duplicate: bool) -> tuple[list[str], list[str], bool]:
         """For the SQL that finds the same message: the states compared at any age, those compared within the
@@ -273,11 +274,11 @@ def judge(intent: Intent, text: str, found: Candidates, rules: Rules) -> Verdict
     if found.holds:
         return Verdict(Finding.HELD, found.holds[0])
     threshold = rules.similarity_threshold
-    if threshold is None or rules.text_of is None or intent.allow_duplicate:
+    if threshold is None or rules.message_of is None or intent.allow_duplicate:
         return Verdict(Finding.NEW)
     best = Verdict(Finding.NEW)
     for operation in found.near:
-        score = similarity(text, rules.text_of(operation))
+        score = similarity(text, rules.message_of(operation.tool, operation.arguments()))
         if score >= threshold and (best.similarity is None or score > best.similarity):
             best = Verdict(Finding.NEAR, operation, round(score, 3))
     return best

@@ -35,7 +35,8 @@ from tests.test_ledger_contract import accepted_outcome, batch_intents, intent
 
 asyncpg = pytest.importorskip("asyncpg", reason="the PostgreSQL ledger needs the `postgres` extra")
 from hail_guard.ledger import sql  # noqa: E402
-from hail_guard.ledger.core import LEASE_EXPIRED, PLAN_CHUNK  # noqa: E402
+from hail_guard.ledger.core import LEASE_EXPIRED  # noqa: E402
+from hail_guard.ledger.planning import PLAN_CHUNK  # noqa: E402
 from hail_guard.ledger.postgres import migrate, migrations, open_postgres_ledger  # noqa: E402
 from hail_guard.ledger.postgres_errors import describe, errors_mapped  # noqa: E402
 

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from hail_guard import delivery, lifecycle, policy, recipients, same_send
-from hail_guard.errors import BadInput, NotFound, RefusedByPolicy
+from hail_guard.errors import BadInput, NotFound
 from hail_guard.models import (
     BatchStatus,
     DeliveryEvent,
@@ -46,8 +46,6 @@ Row = Mapping[str, Any]
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 LEASE_EXPIRED = "lease expired while sending: the request may have left"
-PLAN_CHUNK = 500
-"""Sends staged per round trip while planning a batch."""
 DEFAULT_RULES = Rules()
 PARKED_WEBHOOKS_MAX = 10_000
 """Webhooks kept at once for a message id no operation has yet; past it one is recorded for audit only."""
@@ -153,16 +151,6 @@ def near_args(intent: Intent, rules: same_send.Rules) -> tuple[Any, ...]:
     """The parameters of `near`: other messages a shared recipient has on the channel, to compare by similarity."""
     keys = json.dumps(same_send.keys_of_intent(intent))
     return (keys, intent.channel, intent.content_fingerprint, rules.window_seconds, intent.idempotency_key)
-
-
-def stage_rows(chunk: Sequence[Intent], *, first: int) -> list[tuple[Any, ...]]:
-    """Rows of the planning stage (`hg_plan_stage`: position, id, the intent but its batch, allow_duplicate), from
-    `first`."""
-    rows = []
-    for position, intent in enumerate(chunk, start=first):
-        values = intent_values(intent)
-        rows.append((position, str(uuid.uuid4()), *values[:12], values[13], intent.allow_duplicate))
-    return rows
 
 
 def delivery_check_args(
@@ -593,52 +581,3 @@ async def _prune(tx: Tx, older_than_seconds: float) -> PruneReport:
     await tx.run("prune_send_counts")
     hooks = await tx.run("prune_webhooks", max(older_than_seconds, policy.WEBHOOK_DEDUPE_SECONDS))
     return PruneReport(operations=operations, events=events, webhook_deliveries=hooks)
-
-
-# --- planning a batch: the checks and the copy, over the backend's staging table -------------------------
-
-
-async def plan_staged(tx: Tx, batch_id: str, name: str | None, state: State, actor: str, rules: Rules) -> None:
-    """The staged sends checked against the ledger and copied into it (the caller holds one transaction)."""
-    await tx.run("insert_batch", batch_id, name, actor)
-    await _refuse_known_keys(tx)
-    await _refuse_repeats(tx, rules)
-    await tx.run("plan_staged", batch_id, state.value)
-    await tx.run("plan_staged_recipients")
-    await tx.run("plan_staged_events", state.value, actor, f"planned in batch {batch_id}")
-    await cancel_opted_out(tx, actor, "the recipient opted out before the send", batch_id)
-
-
-async def _refuse_known_keys(tx: Tx) -> None:
-    rows = await tx.rows("staged_known_keys")
-    if rows:
-        named = "; ".join(
-            f"send {row['position']} (key {row['idempotency_key']!r} is operation {row['id']})" for row in rows
-        )
-        raise RefusedByPolicy(f"{rows[0]['taken']} send(s) already exist in the ledger: {named}; nothing was planned")
-
-
-async def _refuse_repeats(tx: Tx, rules: Rules) -> None:
-    """The first staged send whose message the ledger already carries for one of its recipients is refused (a
-    recipient's unresolved send holds a planned one when it is claimed, not here)."""
-    for allow_duplicate in (False, True):
-        always, windowed, closed_block = rules.match_states(allow_duplicate=allow_duplicate)
-        found = await tx.row(
-            "staged_repeat",
-            rules.window_seconds,
-            allow_duplicate,
-            json.dumps(always),
-            json.dumps(windowed),
-            closed_block,
-        )
-        if found is None:
-            continue
-        staged = await tx.row("staged_intent", found["position"])
-        assert staged is not None
-        values = dict(staged)
-        values["recipients"] = tuple(
-            json.loads(values["recipients"]) if isinstance(values["recipients"], str) else values["recipients"]
-        )
-        intent = Intent.model_validate(values)
-        matches = [operation_of(row) for row in await tx.rows("matches", *match_args(intent, rules))]
-        raise policy.already_planned(intent, Candidates(matches=matches), rules, found["position"])

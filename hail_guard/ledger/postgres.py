@@ -40,8 +40,8 @@ import structlog
 
 from hail_guard import policy, recipients, same_send
 from hail_guard.errors import HailGuardError, LeaseLost, LedgerError, LedgerUnavailable
-from hail_guard.ledger import Begin, backfill, core, reads, sql
-from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, PLAN_CHUNK, Row, Work
+from hail_guard.ledger import Begin, backfill, core, planning, reads, sql
+from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, Row, Work
 from hail_guard.ledger.postgres_errors import describe, errors_mapped
 from hail_guard.models import Intent, Operation, Outcome, State
 from hail_guard.same_send import Candidates, Rules
@@ -204,14 +204,14 @@ class PostgresLedger(reads.OperatorReads):
                 tx = _Tx(db)
                 await tx.run("create_stage")
                 staged, subjects = 0, set[str]()
-                for chunk in _chunks(intents, PLAN_CHUNK):
-                    records = core.stage_rows(chunk, first=staged + 1)
+                for chunk in _chunks(intents, planning.PLAN_CHUNK):
+                    records = planning.stage_rows(chunk, first=staged + 1)
                     await db.copy_records_to_table("hg_plan_stage", records=records, columns=_STAGE_COLUMNS)
                     subjects.update(key for intent in chunk for key in same_send.keys_of_intent(intent))
                     staged += len(chunk)
                 if subjects:  # sends to these recipients wait for this plan: its checks see them, theirs see it
                     await tx.run("lock_recipients", sorted(subjects))
-                await core.plan_staged(tx, batch_id, name, state, actor, rules)
+                await planning.plan_staged(tx, batch_id, name, state, actor, rules, staged)
         except _IntentsRaised as raised:
             raise raised.error from raised.error.__cause__  # the caller's own error, not the ledger's
         return staged

@@ -37,8 +37,8 @@ import structlog
 
 from hail_guard import policy, recipients, same_send
 from hail_guard.errors import HailGuardError, LeaseLost, LedgerUnavailable
-from hail_guard.ledger import Begin, backfill, core, reads, sql
-from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, PLAN_CHUNK, Row, Tx, Work, must_row
+from hail_guard.ledger import Begin, backfill, core, planning, reads, sql
+from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, Row, Tx, Work, must_row
 from hail_guard.ledger.sqlite_file import (
     backup_file,
     create_private,
@@ -276,12 +276,12 @@ class SqliteLedger(reads.OperatorReads):
                 tx = _Tx(db)
                 await tx.run("create_stage")
                 staged = 0
-                for chunk in _chunks(intents, PLAN_CHUNK):
-                    await tx.run_many("stage_send", core.stage_rows(chunk, first=staged + 1))
+                for chunk in _chunks(intents, planning.PLAN_CHUNK):
+                    await tx.run_many("stage_send", planning.stage_rows(chunk, first=staged + 1))
                     staged += len(chunk)
                 await db.execute("BEGIN IMMEDIATE")
                 try:
-                    await core.plan_staged(tx, batch_id, name, state, actor, rules)
+                    await planning.plan_staged(tx, batch_id, name, state, actor, rules, staged)
                 except BaseException:
                     with anyio.CancelScope(shield=True):
                         await db.execute("ROLLBACK")

@@ -276,6 +276,20 @@ WHERE p.allow_duplicate = $2 AND o.idempotency_key <> p.idempotency_key AND o.to
 ORDER BY p.position
 LIMIT 1
 
+-- name: staged_near
+-- As SQLite's: staged sends ($2 to $3) and the other messages their recipients have that count as sent.
+SELECT p.position, p.tool AS staged_tool, {o_columns}
+FROM hg_plan_stage p
+CROSS JOIN LATERAL jsonb_array_elements_text(p.recipient_keys) AS pr (recipient)
+JOIN operation_recipients r ON r.recipient = pr.recipient
+JOIN operations o ON o.id = r.operation_id
+WHERE p.position BETWEEN $2 AND $3 AND NOT p.allow_duplicate AND o.channel = p.channel
+  AND o.content_fingerprint <> p.content_fingerprint AND o.idempotency_key <> p.idempotency_key
+  AND (o.state IN {waiting}
+       OR ((o.state IN {settled_live} OR o.may_have_left)
+           AND COALESCE(o.first_sent_at, o.created_at) >= {now} - $1::float8 * interval '1 second'))
+ORDER BY p.position, o.created_at DESC
+
 -- name: staged_intent
 SELECT idempotency_key, tool, channel, recipients, request, request_fingerprint, content_fingerprint,
     sender::text AS sender, campaign_id, lead_id, message_id, lead, allow_duplicate

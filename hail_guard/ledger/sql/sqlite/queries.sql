@@ -413,6 +413,20 @@ WHERE p.allow_duplicate = ?2 AND o.idempotency_key != p.idempotency_key AND o.to
     SELECT 1 FROM json_each(o.sender) a, json_each(p.sender) b WHERE a.key = b.key AND a.value IS NOT b.value)
 ORDER BY p.position LIMIT 1
 
+-- name: staged_near
+-- Staged sends (positions ?2 to ?3) and the other messages one of their recipient keys has on their channel that
+-- count as sent (same_send.WAITING at any age; SETTLED_LIVE, or closed after it may have left, first sent within ?1
+-- seconds), to compare by similarity; by position.
+SELECT p.position, p.tool AS staged_tool, {o_columns}
+FROM hg_plan_stage p, json_each(p.recipient_keys) pr
+JOIN operation_recipients r ON r.recipient = pr.value
+JOIN operations o ON o.id = r.operation_id
+WHERE p.position BETWEEN ?2 AND ?3 AND NOT p.allow_duplicate AND o.channel = p.channel
+  AND o.content_fingerprint != p.content_fingerprint AND o.idempotency_key != p.idempotency_key
+  AND (o.state IN {waiting}
+       OR ((o.state IN {settled_live} OR o.may_have_left) AND COALESCE(o.first_sent_at, o.created_at) >= {now} - ?1))
+ORDER BY p.position, o.created_at DESC
+
 -- name: staged_intent
 SELECT idempotency_key, tool, channel, recipients, request, request_fingerprint, content_fingerprint, sender,
     campaign_id, lead_id, message_id, lead, allow_duplicate

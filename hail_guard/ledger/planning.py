@@ -1,0 +1,101 @@
+"""Planning a batch: the sends staged by a backend, checked against the ledger and copied into it.
+
+Each backend stages the sends in a temporary table of its own (`stage_rows`, a chunk at a time, without a lock
+on the ledger), then calls `plan_staged` in one transaction: a key the ledger has, a message a recipient has
+(the same, or near the same: `same_send`), refuse the whole batch; sends to recipients who opted out start
+`cancelled`. A recipient's unresolved send does not refuse a plan: it holds the planned send when it is claimed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from hail_guard import policy
+from hail_guard.errors import RefusedByPolicy
+from hail_guard.ledger.core import Tx, cancel_opted_out, intent_values, match_args, operation_of
+from hail_guard.models import Intent, State
+from hail_guard.same_send import Candidates, Rules
+
+PLAN_CHUNK = 500
+"""Sends staged per round trip while planning a batch (and compared per page)."""
+
+
+def stage_rows(chunk: Sequence[Intent], *, first: int) -> list[tuple[Any, ...]]:
+    """Rows of the planning stage (`hg_plan_stage`: position, id, the intent but its batch, allow_duplicate), from
+    `first`."""
+    rows = []
+    for position, intent in enumerate(chunk, start=first):
+        values = intent_values(intent)
+        rows.append((position, str(uuid.uuid4()), *values[:12], values[13], intent.allow_duplicate))
+    return rows
+
+
+async def plan_staged(
+    tx: Tx, batch_id: str, name: str | None, state: State, actor: str, rules: Rules, staged: int
+) -> None:
+    """The `staged` sends checked against the ledger and copied into it (the caller holds one transaction)."""
+    await tx.run("insert_batch", batch_id, name, actor)
+    await _refuse_known_keys(tx)
+    await _refuse_repeats(tx, rules)
+    await _refuse_near(tx, rules, staged)
+    await tx.run("plan_staged", batch_id, state.value)
+    await tx.run("plan_staged_recipients")
+    await tx.run("plan_staged_events", state.value, actor, f"planned in batch {batch_id}")
+    await cancel_opted_out(tx, actor, "the recipient opted out before the send", batch_id)
+
+
+async def _refuse_known_keys(tx: Tx) -> None:
+    rows = await tx.rows("staged_known_keys")
+    if rows:
+        named = "; ".join(
+            f"send {row['position']} (key {row['idempotency_key']!r} is operation {row['id']})" for row in rows
+        )
+        raise RefusedByPolicy(f"{rows[0]['taken']} send(s) already exist in the ledger: {named}; nothing was planned")
+
+
+async def _refuse_repeats(tx: Tx, rules: Rules) -> None:
+    """The first staged send whose message the ledger already carries for one of its recipients is refused (a
+    recipient's unresolved send holds a planned one when it is claimed, not here)."""
+    for allow_duplicate in (False, True):
+        always, windowed, closed_block = rules.match_states(allow_duplicate=allow_duplicate)
+        states = (json.dumps(always), json.dumps(windowed), closed_block)
+        found = await tx.row("staged_repeat", rules.window_seconds, allow_duplicate, *states)
+        if found is None:
+            continue
+        intent = await _staged_intent(tx, found["position"])
+        matches = [operation_of(row) for row in await tx.rows("matches", *match_args(intent, rules))]
+        raise policy.already_planned(intent, Candidates(matches=matches), rules, found["position"])
+
+
+async def _refuse_near(tx: Tx, rules: Rules, staged: int) -> None:
+    """The first staged send whose text is near one a recipient has on its channel (`same_send.judge`, by similarity)
+    is refused, as a send made alone would be: a campaign planned again with its text reworded. A page of the stage
+    at a time; only sends to recipients who have other messages are compared."""
+    if not rules.compares_near:
+        return
+    for first in range(1, staged + 1, PLAN_CHUNK):
+        rows = await tx.rows("staged_near", rules.window_seconds, first, first + PLAN_CHUNK - 1)
+        for position, group in itertools.groupby(rows, key=lambda row: int(row["position"])):
+            pairs = list(group)
+            intent = await _staged_intent(tx, position)
+            intent = intent.model_copy(update={"text": _message(rules, pairs[0]["staged_tool"], intent.request)})
+            policy.decide(intent, Candidates(near=[operation_of(row) for row in pairs]), rules, position)
+
+
+def _message(rules: Rules, tool: str, request: str) -> str:
+    assert rules.message_of is not None
+    return rules.message_of(tool, json.loads(request))
+
+
+async def _staged_intent(tx: Tx, position: int) -> Intent:
+    staged = await tx.row("staged_intent", position)
+    assert staged is not None
+    values = dict(staged)
+    values["recipients"] = tuple(
+        json.loads(values["recipients"]) if isinstance(values["recipients"], str) else values["recipients"]
+    )
+    return Intent.model_validate(values)
