@@ -899,8 +899,7 @@ async def test_opt_outs_are_searched_by_prefix_page_by_page(ledger: Ledger) -> N
         )
     await ledger.add_suppression(Suppression(recipient="ada@example.com", reason="all", source="t"), actor="op")
     found = [(s.recipient, s.channel) for s in await ledger.search_suppressions(prefix="ADA")]
-    assert found == [
-        ("ada+news@example.com", "email"),
+    assert found == [  # an opt-out of a sub-address is one of its mailbox (ada+news@ is ada@)
         ("ada@example.com", "all"),
         ("ada@example.com", "email"),
         ("adam@example.com", "email"),

@@ -75,8 +75,8 @@ def renormalised(channel: str, stored: list[str], request: str) -> Renormalised:
 
 
 def opt_out_key(recipient: str, channel: str) -> str:
-    """What an opt-out is stored by now: the key of its recipient (`recipients.key_of`)."""
-    return recipients.key_of(recipients.comparable(recipient, channel))
+    """What an opt-out is stored by now: the key of its recipient (`recipients.opt_out_key`)."""
+    return recipients.opt_out_key(recipient, channel)
 
 
 def pages(rows: Iterator[Any]) -> Iterator[list[Any]]:

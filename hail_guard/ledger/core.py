@@ -282,7 +282,7 @@ class LedgerCore(ABC):
         return await self._write(suppress, suppression, actor)
 
     async def remove_suppression(self, recipient: str, channel: str) -> bool:
-        key = recipients.comparable(recipient, channel)
+        key = recipients.opt_out_key(recipient, channel)
         return await self._write(_changed, "remove_suppression", key, channel)
 
     async def observe_tools(self, fingerprints: Mapping[str, str]) -> list[ToolPin]:
@@ -398,9 +398,9 @@ async def cancel_pending(tx: Tx, found: Sequence[Row], actor: str, reason: str) 
 
 
 async def suppress(tx: Tx, suppression: Suppression, actor: str) -> list[str]:
-    """Record an opt-out (its recipient as `comparable`: the edges refuse unreadable ones, a webhook's is kept) and
-    cancel what it stops."""
-    key = recipients.comparable(suppression.recipient, suppression.channel)
+    """Record an opt-out (by its recipient's key, `recipients.opt_out_key`: the edges refuse unreadable recipients, a
+    webhook's is kept) and cancel what it stops."""
+    key = recipients.opt_out_key(suppression.recipient, suppression.channel)
     await tx.run("add_suppression", key, suppression.channel, suppression.reason, suppression.source)
     return await cancel_opted_out(tx, actor, policy.suppression_reason(suppression))
 

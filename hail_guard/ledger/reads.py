@@ -121,7 +121,7 @@ class OperatorReads(LedgerCore):
         return [Suppression.model_validate(dict(row)) for row in rows]
 
     async def opt_out_cancellations(self, recipient: str, channel: str, *, limit: int = 20) -> list[Operation]:
-        key = recipients.comparable(recipient, channel)
+        key = recipients.opt_out_key(recipient, channel)
         low, high, like = sub_address_pattern(key) or (key, key, key)
         rows = await self._read(
             _rows, "opt_out_cancelled", key, low, high, like, f"{opt_out_cancel_prefix()}%", channel, limit
