@@ -18,13 +18,13 @@ from typing import Any
 import anyio
 import pytest
 
-from hail_guard import drill, policy, same_send
+from hail_guard import batch, drill, policy, same_send
 from hail_guard.batch import Batches
 from hail_guard.cli import drill as command_line
 from hail_guard.config import Settings
 from hail_guard.drill import DrillOptions, DrillReport, Scenario, run_drill
 from hail_guard.drill.report import ScenarioResult, Tally
-from hail_guard.errors import BadInput, ConfigError
+from hail_guard.errors import BadInput, ConfigError, RefusedByPolicy
 from hail_guard.guard import Guard, SendReport
 from hail_guard.ledger import sql
 from hail_guard.ledger.sqlite import SqliteLedger
@@ -66,7 +66,7 @@ async def test_the_command_with_the_default_leads_prints_a_table_and_exits_0(
     assert re.search(
         r" 2\. faults: Hail accepts, then never answers .*\n +the agent saw: unknown -> reconcile -> accepted", out
     )
-    assert "All 13 scenarios hold: nobody got a message twice and nothing was lost" in out
+    assert "All 15 scenarios hold: nobody got a message twice and nothing was lost" in out
     assert "seed 42, 100 leads, 2 workers" in out
     assert "workers claim" in out
     assert "FAILS" not in out
@@ -107,10 +107,15 @@ async def test_every_scenario_holds_on_a_small_batch_and_the_json_parses(capsys:
     assert report["passed"] is True
     assert (report["seed"], report["leads"], report["workers"], report["ledger"]) == (5, SMALL, 3, None)
     assert [(s["number"], s["verdict"], s["failed_check"]) for s in report["scenarios"]] == [
-        (number, "holds", None) for number in range(1, 14)
+        (number, "holds", None) for number in range(1, 16)
     ]
     assert all(s["sent"] == s["expected"] for s in report["scenarios"])
-    assert [s["expected"] for s in report["scenarios"] if s["number"] in (3, 5, 6)] == [SMALL, SMALL, SMALL - 1]
+    assert [s["expected"] for s in report["scenarios"] if s["number"] in (3, 5, 6, 15)] == [
+        SMALL,
+        SMALL,
+        SMALL - 1,
+        SMALL,
+    ]
     assert set(report["scenarios"][0]) == {
         "number",
         "name",
@@ -124,18 +129,21 @@ async def test_every_scenario_holds_on_a_small_batch_and_the_json_parses(capsys:
         "failed_check",
         "seconds",
     }
-    assert {s["number"]: s["most_to_one"] for s in report["scenarios"]} == {n: 0 if n == 7 else 1 for n in range(1, 14)}
+    assert {s["number"]: s["most_to_one"] for s in report["scenarios"]} == {n: 0 if n == 7 else 1 for n in range(1, 16)}
     assert report["scenarios"][4]["without_guard"]["most_to_one"] == 3  # 3 workers without a shared ledger
     unguarded = {s["number"]: s["without_guard"]["sent"] for s in report["scenarios"]}
     assert unguarded == {
         **{1: 2, 2: 2, 3: SMALL + 1, 4: 2, 5: 3 * SMALL, 6: SMALL, 7: 1, 8: 2, 9: 2, 10: 2, 11: 2, 12: 2},
-        13: 2,
+        **{13: 2, 14: 2, 15: SMALL + 1},
     }
     saw = {s["number"]: " -> ".join(s["agent_saw"]) for s in report["scenarios"]}
     assert saw[2] == "unknown -> reconcile -> accepted"
     assert saw[1] == "unknown -> unknown (from the ledger) -> reconcile -> accepted"
     assert saw[11] == "unknown -> unknown (from the ledger) -> reconcile -> accepted"
     assert saw[13] == "unknown -> unknown (from the ledger) -> reconcile -> accepted"
+    assert saw[14].startswith("unknown -> send_email: refused")
+    assert saw[14].endswith("-> reconcile -> accepted -> send_email: refused (probably a duplicate)")
+    assert saw[15].startswith(f"plan_batch: ready {SMALL} -> run_batch: ")
     assert report["replay"] == f"hail-guard drill --seed 5 --leads {SMALL} --workers 3"
 
 
@@ -247,7 +255,7 @@ def test_a_printed_ledger_url_hides_its_password() -> None:
     assert "--ledger postgresql://db:5432/hg" in report.replay_command()
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--leads", "0"), ("--workers", "x"), ("--scenario", "14")])
+@pytest.mark.parametrize(("flag", "value"), [("--leads", "0"), ("--workers", "x"), ("--scenario", "16")])
 def test_bad_numbers_are_usage_errors(flag: str, value: str) -> None:
     with pytest.raises(SystemExit):
         command(flag, value)
@@ -374,6 +382,28 @@ def retries_compared_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(same_send, "meaning_of", lambda value: value)
 
 
+def paraphrases_not_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """14: only the same message is compared: no hold while a send to the recipient is unresolved, no similarity."""
+    judge = same_send.judge
+
+    def exact_only(intent: Intent, text: str, found: same_send.Candidates, rules: same_send.Rules) -> Any:
+        return judge(intent, text, same_send.Candidates(matches=found.matches), rules)
+
+    monkeypatch.setattr(same_send, "judge", exact_only)
+
+
+def campaigns_compared_without_recipients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """15: the planner's repeat check compares the message alone (the bug that refused every campaign whole)."""
+
+    def by_content(self: Any, send: Any, intent: Intent) -> None:
+        seen = self.__dict__.setdefault("contents", {})
+        if intent.content_fingerprint in seen:
+            raise RefusedByPolicy(f"{seen[intent.content_fingerprint]} and {send.where} have the same content")
+        seen[intent.content_fingerprint] = send.where
+
+    monkeypatch.setattr(batch._Repeats, "check", by_content)
+
+
 SABOTAGE: dict[int, Callable[[pytest.MonkeyPatch], None]] = {
     1: retry_forwarded_again,
     2: timeout_taken_as_accepted,
@@ -388,6 +418,8 @@ SABOTAGE: dict[int, Callable[[pytest.MonkeyPatch], None]] = {
     11: no_same_send_rules,
     12: gateway_error_taken_as_failed,
     13: retries_compared_byte_for_byte,
+    14: paraphrases_not_held,
+    15: campaigns_compared_without_recipients,
 }
 
 
@@ -407,7 +439,7 @@ async def test_a_scenario_fails_when_its_protection_is_switched_off(
     assert "did not finish" not in result.failed_check
 
 
-@pytest.mark.timeout(240)  # thirteen `hail-guard serve` processes start, one after another
+@pytest.mark.timeout(240)  # fifteen `hail-guard serve` processes start, one after another
 async def test_the_drill_runs_through_a_spawned_serve_over_stdio_and_keeps_what_it_made(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -417,7 +449,7 @@ async def test_the_drill_runs_through_a_spawned_serve_over_stdio_and_keeps_what_
     code = await command_line.drill_command(command(*argv), Settings())
     out = " ".join(capsys.readouterr().out.split())
     assert code == command_line.EXIT_OK, out
-    assert "All 13 scenarios hold" in out
+    assert "All 15 scenarios hold" in out
     assert "over stdio" in out
     assert f"kept in {keep}" in out
     assert re.search(r"│ 2 +│ Hail hangs after acceptance \(timeout\) +│ 2 -> 1 +│ 2 -> 1 +│ holds", out)

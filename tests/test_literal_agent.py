@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,8 +53,11 @@ class LiteralAgent:
 
     call: Any
     log: list[str] = field(default_factory=list)
+    rewrite: Any = None
+    """How it writes a retry again (`regenerated`, its form only, by default)."""
 
     async def send(self, arguments: dict[str, Any]) -> None:
+        rewrite = self.rewrite or regenerated
         current = dict(arguments)
         answer = await self.call("send_email", current)
         for attempt in range(1, STEPS + 1):
@@ -61,25 +66,25 @@ class LiteralAgent:
             if "reconcile" in words and operation:
                 self.log.append("reconcile")
                 await self.call("reconcile", {"operation_id": operation.group(1)})
-                answer = await self.call("send_email", regenerated(current, attempt))  # and then it retries
+                answer = await self.call("send_email", rewrite(current, attempt))  # and then it retries
             elif "allow_duplicate" in words and not current.get("allow_duplicate"):
                 self.log.append("allow_duplicate")
                 current = {**current, "allow_duplicate": True}
-                answer = await self.call("send_email", regenerated(current, attempt))
+                answer = await self.call("send_email", rewrite(current, attempt))
             elif "new key" in words or "new idempotency" in words:
                 self.log.append("new key")
                 current = {**current, "idempotency_key": f"minted-{attempt}"}
-                answer = await self.call("send_email", regenerated(current, attempt))
+                answer = await self.call("send_email", rewrite(current, attempt))
             elif (others := _OTHERS.search(words)) is not None:
                 self.log.append("to the others alone")
                 current = {**current, "to": [name.strip() for name in others.group(1).split(",")]}
-                answer = await self.call("send_email", regenerated(current, attempt))
+                answer = await self.call("send_email", rewrite(current, attempt))
             elif "get_operation" in words and operation:
                 self.log.append("get_operation")
                 answer = await self.call("get_operation", {"operation_id": operation.group(1)})
             elif "call again" in words or "try again" in words or "not sent yet" in words:
                 self.log.append("call again")
-                answer = await self.call("send_email", regenerated(current, attempt))
+                answer = await self.call("send_email", rewrite(current, attempt))
             else:
                 return
 
@@ -178,3 +183,138 @@ def test_any_form_only_variation_of_a_send_is_the_same_send_on_postgresql(
             await _variations_hold(tmp_path_factory.mktemp("variations"), retries, url)
 
     anyio.run(check)
+
+
+# --- agents that repeat by intent, not by bytes (the same send by intent) ------------------------------------
+
+PARAPHRASES = (
+    {"body_text": "Hi Ada, nice to meet you!"},
+    {"body_text": "Hi Ada, so nice to meet you."},
+    {"subject": "Re: Hello"},
+    {"body_text": "Hi Ada - nice to meet you."},
+)
+"""How an LLM rewords the same message when it regenerates the call: near the same, never the same bytes."""
+
+
+def paraphrased(arguments: dict[str, Any], attempt: int) -> dict[str, Any]:
+    return {**regenerated(arguments, attempt), **PARAPHRASES[attempt % len(PARAPHRASES)]}
+
+
+AFTER_ACCEPT = [fault for fault in FAULTS if "after_accept" in fault or "malformed" in fault or "processing" in fault]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@asynccontextmanager
+async def ledger_of(backend: str, folder: Path, server: PostgresServer | None) -> AsyncIterator[str | None]:
+    """A fresh ledger URL of `backend` (None: the harness's own SQLite file in `folder`)."""
+    if backend == "sqlite":
+        yield None
+        return
+    assert server is not None
+    async with server.database() as url:
+        yield url
+
+
+@pytest.mark.parametrize("fault", AFTER_ACCEPT)
+async def test_a_paraphrasing_agent_never_gets_a_message_delivered_twice(
+    tmp_path: Path, fault: str, backend: str, request: pytest.FixtureRequest
+) -> None:
+    server = request.getfixturevalue("postgres_server") if backend == "postgres" else None
+    sandbox = Sandbox(faults=[parse_fault(fault)])
+    async with (
+        ledger_of(backend, tmp_path, server) as url,
+        open_harness(tmp_path, sandbox=sandbox, ledger_url=url) as h,
+    ):
+        async with h.client() as client:
+            agent = LiteralAgent(client.call_tool, rewrite=paraphrased)
+            with anyio.fail_after(60):
+                await agent.send(message(to=[ADA, BOB]))
+        assert delivered(h.sandbox) == Counter({ADA: 1, BOB: 1}), (fault, agent.log)
+
+
+LEAD = {"campaign_id": "spring", "lead_id": "ada"}
+SMS = {"to": "+14155550123", "body": "Hi Ada, it's Sam from Acme.", "recipient_consent": True}
+CALL = {"to": "+14155550123", "system_prompt": "Introduce Acme to Ada.", "recipient_consent": True}
+
+
+@dataclass
+class ChannelSwitchingAgent:
+    """When its email's answer is not "accepted", it tries the lead by SMS, then by phone; it follows what each
+    answer names (reconcile), and stops once one of its messages is accepted."""
+
+    call: Any
+    log: list[str] = field(default_factory=list)
+
+    async def reach(self) -> None:
+        attempts = [
+            ("send_email", message(metadata={**LEAD, "message_id": "hello"})),
+            ("send_sms", {**SMS, "metadata": {**LEAD, "message_id": "hello-sms"}}),
+            ("place_call", {**CALL, "metadata": {**LEAD, "message_id": "hello-call"}}),
+        ]
+        for tool, arguments in attempts * 2:
+            self.log.append(tool)
+            answer = await self.call(tool, arguments)
+            if await self._reached(answer):
+                return
+
+    async def _reached(self, answer: Any) -> bool:
+        view = data(answer).get("hail_guard") if isinstance(data(answer), dict) else None
+        if isinstance(view, dict) and view.get("state") == "accepted":
+            return True
+        operation = _OPERATION.search(f"{text(answer)} {view.get('next_step', '') if isinstance(view, dict) else ''}")
+        if operation and "reconcile" in text(answer) + str(view):
+            self.log.append("reconcile")
+            settled = data(await self.call("reconcile", {"operation_id": operation.group(1)}))
+            return any(found["state"] == "accepted" for found in settled.get("reconciled", []))
+        return False
+
+
+@pytest.mark.parametrize("fault", AFTER_ACCEPT)
+async def test_a_channel_switching_agent_reaches_the_lead_once(
+    tmp_path: Path, fault: str, backend: str, request: pytest.FixtureRequest
+) -> None:
+    server = request.getfixturevalue("postgres_server") if backend == "postgres" else None
+    sandbox = Sandbox(faults=[parse_fault(fault)])
+    async with (
+        ledger_of(backend, tmp_path, server) as url,
+        open_harness(tmp_path, sandbox=sandbox, ledger_url=url) as h,
+    ):
+        async with h.client() as client:
+            agent = ChannelSwitchingAgent(client.call_tool)
+            with anyio.fail_after(60):
+                await agent.reach()
+        reached = [entry["tool"] for entry in h.sandbox.outbox]
+        assert reached == ["send_email"], (fault, agent.log, reached)  # Hail accepted the email: nothing else went
+
+
+@pytest.mark.parametrize("fault", AFTER_ACCEPT)
+async def test_a_second_ledger_agent_never_gets_a_message_delivered_twice(
+    tmp_path: Path, fault: str, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """Its first try goes through one hail-guard; it regenerates every retry and sends it through another, with a
+    ledger of its own (a laptop and a container; a backup restored), in front of the same Hail."""
+    server = request.getfixturevalue("postgres_server") if backend == "postgres" else None
+    sandbox = Sandbox(faults=[parse_fault(fault)])
+    async with (
+        ledger_of(backend, tmp_path / "one", server) as first_url,
+        ledger_of(backend, tmp_path / "two", server) as second_url,
+        open_harness(tmp_path / "one", sandbox=sandbox, ledger_url=first_url) as one,
+        open_harness(tmp_path / "two", sandbox=sandbox, ledger_url=second_url) as two,
+        one.client() as first,
+        two.client() as second,
+    ):
+        tries = iter([first.call_tool])
+
+        async def through_either(tool: str, arguments: dict[str, Any]) -> Any:
+            return await next(tries, second.call_tool)(tool, arguments)
+
+        agent = LiteralAgent(through_either)
+        with anyio.fail_after(60):
+            await agent.send(message(to=[ADA, BOB]))
+        counts = delivered(sandbox)
+        assert max(counts.values()) == 1, (fault, agent.log, counts)
+        assert counts == Counter({ADA: 1, BOB: 1}), (fault, agent.log, counts)

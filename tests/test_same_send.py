@@ -15,7 +15,10 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hail_guard import lifecycle, same_send
 from hail_guard.cli import main
@@ -357,3 +360,73 @@ def test_the_states_the_rules_compare_are_carved_from_the_lifecycle() -> None:
     assert not same_send.HOLDING & same_send.WAITING
     assert not same_send.WAITING & same_send.SETTLED_LIVE
     assert {State.ACCEPTED} == same_send.SETTLED_LIVE
+
+
+# --- campaigns, generated -------------------------------------------------------------------------------------
+
+NAMES = ("Ada", "Bob", "Cy", "Dee", "Eve", "Fay", "Gus", "Hal", "Ivy", "Jo", "Kit", "Lu")
+
+
+@st.composite
+def _campaigns(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[str]]:
+    """A campaign (one text for all, or each lead greeted by name) and the faults Hail shows while it runs."""
+    leads = draw(st.integers(min_value=1, max_value=len(NAMES)))
+    personal = draw(st.booleans())
+    sends = []
+    for n in range(leads):
+        body = f"Hi {NAMES[n]}, here is our spring offer." if personal else OFFER["body_text"]
+        send = campaign_send(n)
+        send["arguments"]["body_text"] = body
+        if draw(st.booleans()):
+            del send["arguments"]["metadata"]["message_id"]  # keyed by its meaning instead
+        sends.append(send)
+    faults = draw(
+        st.lists(
+            st.sampled_from(
+                ["drop_after_accept", "hang_after_accept", "error_after_accept:502", "fail_before_accept:429:0"]
+            ),
+            max_size=3,
+        )
+    )
+    at = draw(st.lists(st.integers(min_value=1, max_value=leads), min_size=len(faults), max_size=len(faults)))
+    return sends, [f"send_email:{n}:{fault}" for n, fault in zip(at, faults, strict=True)]
+
+
+async def _each_lead_once(folder: Path, sends: list[dict[str, Any]], faults: list[str], url: str | None) -> None:
+    async with open_harness(folder, *faults, ledger_url=url, timeout_seconds=0.3) as harness:
+        async with harness.client() as agent:
+            planned = data(await agent.call_tool("plan_batch", {"sends": sends}))
+            assert planned["counts"] == {"ready": len(sends)}  # a campaign always plans
+            for _ in range(4):  # resumed until every send is settled (a 429 waits a moment: `not_before`)
+                run = data(await agent.call_tool("run_batch", {"batch_id": planned["batch_id"]}))
+                if run["counts"] == {"accepted": len(sends)}:
+                    break
+        assert run["counts"] == {"accepted": len(sends)}, (faults, run)
+        assert delivered(harness.sandbox) == Counter({lead(n): 1 for n in range(len(sends))}), faults
+
+
+_CAMPAIGN_EXAMPLES = settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@_CAMPAIGN_EXAMPLES
+@given(_campaigns())
+def test_any_campaign_reaches_each_lead_exactly_once_on_sqlite(
+    tmp_path_factory: pytest.TempPathFactory, campaign: tuple[list[dict[str, Any]], list[str]]
+) -> None:
+    anyio.run(_each_lead_once, tmp_path_factory.mktemp("campaign"), *campaign, None)
+
+
+@_CAMPAIGN_EXAMPLES
+@given(_campaigns())
+def test_any_campaign_reaches_each_lead_exactly_once_on_postgresql(
+    tmp_path_factory: pytest.TempPathFactory,
+    postgres_server: PostgresServer,
+    campaign: tuple[list[dict[str, Any]], list[str]],
+) -> None:
+    async def check() -> None:
+        async with postgres_server.database() as url:
+            await _each_lead_once(tmp_path_factory.mktemp("campaign"), *campaign, url)
+
+    anyio.run(check)

@@ -10,7 +10,7 @@ behaviour runs straight against a second sandbox, to show what would have been s
 hail-guard. Every random choice (lead order, where the batch dies, who opts out) comes from the
 seed, so a failing run can be replayed with `--seed`.
 
-Modules: `rig` (the agent, hail-guard and the sandbox of one scenario), `scenarios` (the thirteen),
+Modules: `rig` (the agent, hail-guard and the sandbox of one scenario), `scenarios` (the fifteen),
 `unguarded` (the counterfactual), `report` (verdicts). The command's options and its table are the
 command line's (`hail_guard.cli.drill`).
 """

@@ -186,6 +186,18 @@ class Drill:
     def sends(self, number: int, order: Sequence[int]) -> list[dict[str, Any]]:
         return [{"tool": "send_email", "arguments": self.lead(number, index)} for index in order]
 
+    def template_sends(self, number: int, order: Sequence[int]) -> list[dict[str, Any]]:
+        """A campaign of one text: every lead's send with the same subject and body (its own recipient and ids)."""
+        tag = f"{self.run_id}-s{number:02d}"
+        text = f"Hello, this is our spring offer ({tag}); a rehearsal: nothing real is sent."
+        return [
+            {
+                "tool": "send_email",
+                "arguments": {**self.lead(number, index), "subject": "Our spring offer", "body_text": text},
+            }
+            for index in order
+        ]
+
     def shuffled_leads(self, number: int) -> list[int]:
         order = list(range(self.options.leads))
         self.rng(number).shuffle(order)
@@ -296,6 +308,12 @@ class _Served:
             return stack.enter_context(open(os.devnull, "w", encoding="utf-8"))
         path = self.drill.folder / f"scenario-{self.number:02d}-serve.log"
         return stack.enter_context(path.open("a", encoding="utf-8"))
+
+
+def paraphrased(email: dict[str, Any]) -> dict[str, Any]:
+    """The same email as an LLM rewords it when it writes the call again: near the same, not the same bytes."""
+    body = email["body_text"].replace("this is", "this is just")
+    return {**email, "subject": f"Re: {email['subject']}", "body_text": body}
 
 
 def data(result: types.CallToolResult) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The drill's thirteen scenarios: each names its faults, sets what it expects, and checks as it goes.
+"""The drill's fifteen scenarios: each names its faults, sets what it expects, and checks as it goes.
 
 A scenario drives the agent (a real MCP client) through a `Rig`; its checks are claims about what
 hail-guard does, and the outbox of its sandbox is the ground truth `run_drill` judges afterwards.
@@ -8,6 +8,7 @@ against a second sandbox, to show what would have been sent without hail-guard.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -19,7 +20,19 @@ import anyio
 from hail_guard.batch import drain
 from hail_guard.drill import unguarded
 from hail_guard.drill.report import Tally
-from hail_guard.drill.rig import CALL_TIMEOUT_SECONDS, MAX_LEADS, Drill, Rig, Run, brief, check, data, view
+from hail_guard.drill.rig import (
+    CALL_TIMEOUT_SECONDS,
+    MAX_LEADS,
+    Drill,
+    Rig,
+    Run,
+    brief,
+    check,
+    data,
+    paraphrased,
+    text,
+    view,
+)
 from hail_guard.guard import claim_token
 from hail_guard.ledger import Ledger
 from hail_guard.models import State
@@ -342,6 +355,53 @@ async def _regenerated_retry(drill: Drill, run: Run) -> None:
         await _settles_accepted(rig, run, first["operation_id"], "reconcile finds the one accepted message")
 
 
+async def _paraphrased_retry(drill: Drill, run: Run) -> None:
+    run.faults = (
+        f"Hail accepts, then never answers (hail-guard times out after {HANG_TIMEOUT_SECONDS:g} s); "
+        "the agent rewords its retry"
+    )
+    run.expected = 1
+    email = {name: value for name, value in drill.lead(14, 0).items() if name != "metadata"}  # the key: its meaning
+    sandbox = drill.sandbox(14, "send_email:1:hang_after_accept")
+    async with drill.rig(14, run, sandbox, timeout_seconds=HANG_TIMEOUT_SECONDS) as rig:
+        first = await rig.send(email, "the send that timed out")
+        check(first["state"] == "unknown", f"the timeout is recorded unknown (got {first['state']})")
+        held = await rig.call("send_email", paraphrased(email))
+        check(
+            held.is_error and first["operation_id"] in text(held) and "reconcile" in text(held),
+            f"the reworded retry is held while the first is unknown, naming it (got: {brief('send_email', held)})",
+        )
+        check(
+            sandbox.calls("send_email") == 1,
+            f"the reworded retry never reaches Hail ({sandbox.calls('send_email')} calls)",
+        )
+        settled = await rig.reconcile(first["operation_id"])
+        check(settled["state"] == "accepted", f"reconcile settles the first send (got {settled['state']})")
+        again = await rig.call("send_email", paraphrased(email))
+        check(
+            again.is_error and "probably a duplicate" in text(again),
+            f"reworded again once the first is accepted, it is a probable duplicate ({brief('send_email', again)})",
+        )
+
+
+async def _one_template_campaign(drill: Drill, run: Run) -> None:
+    leads, dies_at = drill.options.leads, drill.batch_dies_at()
+    run.faults = f"one text for all {leads} leads; Hail drops the connection after accepting send {dies_at}; resumed"
+    run.expected = leads
+    sandbox = drill.sandbox(15, f"send_email:{dies_at}:drop_after_accept")
+    async with drill.rig(15, run, sandbox) as rig:
+        batch_id = await rig.plan(drill.template_sends(15, drill.shuffled_leads(15)))
+        first = (await rig.batch("run_batch", batch_id, concurrency=4))["counts"]
+        check(first.get("unknown", 0) >= 1, f"the dropped answer is recorded unknown (counts {first})")
+        counts = (await rig.batch("run_batch", batch_id, concurrency=4))["counts"]
+        check(counts == {"accepted": leads}, f"after the resume every lead is accepted (counts {counts})")
+        reached = Counter(recipient for entry in sandbox.outbox for recipient in entry["to"])
+        check(
+            len(reached) == leads and set(reached.values()) == {1},
+            f"each lead got the text once ({len(reached)} leads)",
+        )
+
+
 @dataclass(frozen=True)
 class Scenario:
     number: int
@@ -367,4 +427,6 @@ SCENARIOS: Final[tuple[Scenario, ...]] = (
     Scenario(11, "the agent mints a new key for the same content", _new_key_same_content, unguarded.new_key),
     Scenario(12, "a gateway 5xx that hid a success", _gateway_error_hid_success, unguarded.gateway_error),
     Scenario(13, "the agent regenerates its retry", _regenerated_retry, unguarded.regenerated_retry),
+    Scenario(14, "the agent paraphrases its retry", _paraphrased_retry, unguarded.paraphrased_retry),
+    Scenario(15, "a campaign of one template", _one_template_campaign, unguarded.one_template_campaign),
 )

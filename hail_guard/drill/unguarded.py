@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hail_guard.drill.report import Tally
-from hail_guard.drill.rig import Drill
+from hail_guard.drill.rig import Drill, paraphrased
 from hail_guard.sandbox import Reply, Sandbox
 
 
@@ -116,4 +116,20 @@ async def regenerated_retry(drill: Drill) -> Tally:
     email = {name: value for name, value in drill.lead(13, 0).items() if name != "metadata"}
     if not await _answered(sandbox, email):
         await _answered(sandbox, {**email, "cc": None, "body_text": f"{email['body_text']} "})
+    return Tally.of(sandbox.outbox)
+
+
+async def paraphrased_retry(drill: Drill) -> Tally:
+    sandbox = drill.sandbox(14, "send_email:1:hang_after_accept", unguarded=True)
+    email = {name: value for name, value in drill.lead(14, 0).items() if name != "metadata"}
+    if not await _answered(sandbox, email):
+        await _answered(sandbox, paraphrased(email))
+    return Tally.of(sandbox.outbox)
+
+
+async def one_template_campaign(drill: Drill) -> Tally:
+    sandbox = drill.sandbox(15, f"send_email:{drill.batch_dies_at()}:drop_after_accept", unguarded=True)
+    sends = drill.template_sends(15, drill.shuffled_leads(15))
+    answered = await _run_list(sandbox, sends)
+    await _run_list(sandbox, [send for position, send in enumerate(sends) if position not in answered])
     return Tally.of(sandbox.outbox)
