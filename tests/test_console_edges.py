@@ -112,3 +112,31 @@ async def test_who_is_a_host_and_a_process_and_an_error_is_shown_only_while_it_i
         accepted = text_of((await client.get(f"/console/operations/{op.id}")).text)
         assert "last error" not in accepted
         assert "may have been sent" in accepted  # the timeline keeps what happened
+
+
+async def test_a_campaigns_held_sends_are_shown_with_what_holds_each(tmp_path: Path) -> None:
+    async with (
+        open_harness(tmp_path, "send_email:1:hang_after_accept", timeout_seconds=0.5) as harness,
+        console_client(console_site(harness)) as client,
+    ):
+        async with harness.client() as agent:
+            direct = (await agent.call_tool("send_email", email(to=["l1@example.com"], metadata={}))).structured_content
+            assert direct is not None
+            held_by = direct["hail_guard"]["operation_id"]
+            offer = {"subject": "Spring", "body_text": "Our spring offer, for every lead."}
+            ids = {"campaign_id": "spring", "message_id": "offer"}
+            sends = [
+                {
+                    "tool": "send_email",
+                    "arguments": email(to=[f"l{n}@example.com"], **offer, metadata={**ids, "lead_id": f"l{n}"}),
+                }
+                for n in (1, 2)
+            ]
+            batch_id = (await agent.call_tool("plan_batch", {"sends": sends})).structured_content["batch_id"]  # type: ignore[index]
+            await agent.call_tool("run_batch", {"batch_id": batch_id})
+        await signed_in(client)
+        page = text_of((await client.get(f"/console/campaigns/{batch_id}")).text)
+        assert "1 ready send(s) wait: another send to the same recipient (or lead) is unresolved" in page
+        [held] = (await harness.ledger.batch_status(batch_id)).held
+        assert held.held_by.id == held_by
+        assert f"{held.operation.idempotency_key} l1@example.com {held.held_by.idempotency_key} unknown" in page

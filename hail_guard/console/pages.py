@@ -172,7 +172,7 @@ async def campaign_progress(request: Request, console: Console, session: Session
 async def _campaign(console: Console, request: Request) -> dict[str, Any]:
     ledger = console.proxy.ledger
     await ledger.expire_leases()
-    status = await ledger.batch_status(request.path_params["batch_id"])
+    status = await console.proxy.batches.status(request.path_params["batch_id"])
     live = bool(status.counts.get(State.READY) or status.counts.get(State.SENDING))
     now = await ledger.now()
     return {
