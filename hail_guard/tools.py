@@ -174,7 +174,9 @@ async def _batch_status(host: Host, arguments: dict[str, Any], progress: Progres
 async def _record_opt_out(host: Host, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
     channel = arguments.get("channel", "all")
     opt_out = Suppression(
-        recipient=recipients.normalise_recipient(arguments["recipient"], channel),  # refuses an unreadable one
+        recipient=recipients.normalise_recipient(  # refuses an unreadable one
+            arguments["recipient"], channel, region=host.guard.settings.default_region
+        ),
         channel=channel,
         reason=arguments["reason"],
         source=arguments.get("source", "agent"),

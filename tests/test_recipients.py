@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hail_guard.config import Settings
 from hail_guard.errors import Suppressed
 from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
@@ -251,3 +252,31 @@ async def test_an_opt_out_of_any_number_spelling_stops_sms_and_calls(ledger: Led
     for intent in (sms, call):
         with pytest.raises(Suppressed):
             await ledger.begin_send(intent, owner="t", lease_seconds=60)
+
+
+def test_a_national_number_is_read_in_the_default_region_when_one_is_set() -> None:
+    assert normalise_recipient("020 7946 0958", "sms", region="GB") == "+442079460958"
+    with pytest.raises(BadRecipient, match=r"or as a number of GB"):
+        normalise_recipient("12", "sms", region="GB")
+
+
+@pytest.mark.parametrize(("given", "kept"), [("gb", "GB"), (" De ", "DE")])
+def test_the_default_region_is_an_iso_code_read_in_upper_case(given: str, kept: str) -> None:
+    assert Settings.model_validate({"guard": {"default_region": given}}).guard.default_region == kept
+
+
+def test_a_default_region_phone_numbers_are_not_known_for_is_refused_saying_what_to_give() -> None:
+    with pytest.raises(ValueError, match="give an ISO 3166 code like GB"):
+        Settings.model_validate({"guard": {"default_region": "XX"}})
+
+
+async def test_an_opt_out_given_in_national_form_stops_a_send_to_its_international_one(tmp_path: Path) -> None:
+    """Hail takes E.164 only, so the region reads what an operator or an agent writes about a recipient."""
+    async with open_harness(tmp_path, default_region="GB") as harness:
+        stopped = data(
+            await harness.call("record_opt_out", {"recipient": "020 7946 0958", "channel": "sms", "reason": "x"})
+        )
+        assert stopped["recipient"] == "+442079460958"
+        refused = await harness.call("send_sms", {"to": "+442079460958", "body": "Hi", "recipient_consent": True})
+        assert "opted out of sms" in text(refused)
+        assert harness.sandbox.calls("send_sms") == 0

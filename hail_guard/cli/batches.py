@@ -232,7 +232,9 @@ async def _worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _suppress_add(args: argparse.Namespace, settings: Settings) -> int:
-    shown = normalise_recipient(args.recipient, args.channel)  # refuses what is no address or number
+    shown = normalise_recipient(
+        args.recipient, args.channel, region=settings.guard.default_region
+    )  # refuses a non-recipient
     opt_out = Suppression(recipient=shown, channel=args.channel, reason=args.reason, source=args.source)
     async with app.open_ledger_from(settings) as ledger:
         cancelled = await ledger.add_suppression(opt_out, actor=f"operator {getpass.getuser()}")
@@ -267,12 +269,15 @@ async def _suppress_remove(args: argparse.Namespace, settings: Settings) -> int:
     if not reason:
         raise BadInput("--reason is empty: say why the opt-out is taken back (the recipient asked?); nothing changed")
     async with app.open_ledger_from(settings) as ledger:
-        removed = await ledger.remove_suppression(args.recipient, args.channel)
+        region = settings.guard.default_region
+        removed = await ledger.remove_suppression(
+            normalise_recipient(args.recipient, args.channel, region=region), args.channel
+        )
     recipient = terminal_text(args.recipient)
     if not removed:
         raise NotFound(f"{recipient} has no opt-out on {args.channel}; see `hail-guard suppress list`")
     by = f"operator {getpass.getuser()}"
     log.info("opt_out_removed", recipient=args.recipient, channel=args.channel, by=by, reason=reason)
-    shown = terminal_text(normalise_recipient(args.recipient, args.channel))
+    shown = terminal_text(normalise_recipient(args.recipient, args.channel, region=settings.guard.default_region))
     print(f"removed the opt-out of {shown} on {args.channel} ({terminal_text(reason)})")
     return 0

@@ -168,7 +168,8 @@ async def cancel_unsent(console: Console, session: Session, form: FormData, requ
 @operator_action(back="/opt-outs")
 async def add_opt_out(console: Console, session: Session, form: FormData, request: Request) -> str:
     channel = _text(form, "channel") if _text(form, "channel") in SUPPRESSION_CHANNELS else "all"
-    shown = normalise_recipient(_text(form, "recipient"), channel)  # refuses what is no address or number
+    region = console.proxy.settings.default_region
+    shown = normalise_recipient(_text(form, "recipient"), channel, region=region)  # refuses a non-recipient
     reason = _text(form, "reason")
     if not reason:
         session.notice("error", "an opt-out needs a reason; nothing was recorded")
