@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from hail_guard import delivery, keys
-from hail_guard.errors import BadInput, LeaseLost, NotFound, ProbableDuplicate, RefusedByPolicy, Suppressed
+from hail_guard.errors import BadInput, Held, LeaseLost, NotFound, ProbableDuplicate, RefusedByPolicy, Suppressed
 from hail_guard.ledger import Ledger, find_operation
 from hail_guard.models import (
     DeliveryObservation,
@@ -926,3 +926,61 @@ async def test_tool_definitions_are_kept_by_fingerprint(ledger: Ledger) -> None:
     await ledger.remember_tool_definitions({"fp1": '{"name":"changed?"}'})  # a fingerprint names one text
     assert await ledger.tool_definitions(["fp1", "fp3"]) == {"fp1": '{"name":"send_email"}'}
     assert await ledger.tool_definitions([]) == {}
+
+
+# The same send by intent: holds, at once (hail_guard.same_send).
+
+
+async def test_of_many_different_messages_to_one_recipient_at_once_exactly_one_is_recorded(ledger: Ledger) -> None:
+    """A recipient with a send in flight is held: concurrent sends to them never both go (PostgreSQL: the
+    recipient's advisory lock; SQLite: the one writer)."""
+    claimed, held = [], []
+
+    async def send(n: int) -> None:
+        try:
+            begin = await ledger.begin_send(intent(f"k{n}", body=f"message {n}"), owner=f"w{n}", lease_seconds=60)
+        except Held:
+            held.append(n)
+        else:
+            claimed.append(begin.claimed)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(8):
+            tg.start_soon(send, n)
+    assert (claimed, len(held)) == ([True], 7)
+
+
+async def test_claims_never_take_two_sends_to_one_recipient_at_once(ledger: Ledger) -> None:
+    sends = [
+        intent(f"b:{n}", body=f"message {n}").model_copy(update={"content_fingerprint": f"m{n}"}) for n in range(4)
+    ]
+    await ledger.plan_batch(batch_id="B1", name=None, intents=sends, state=State.READY, actor="op")
+    taken: list[Operation] = []
+
+    async def worker(name: str) -> None:
+        taken.extend(await ledger.claim_ready(owner=name, lease_seconds=60, batch_id="B1", limit=2))
+
+    async with anyio.create_task_group() as tg:
+        for n in range(4):
+            tg.start_soon(worker, f"w{n}")
+    assert [op.idempotency_key for op in taken] == ["b:0"]
+    status = await ledger.batch_status("B1")
+    assert [(held.operation.idempotency_key, held.held_by.id) for held in status.held] == [
+        ("b:1", taken[0].id),
+        ("b:2", taken[0].id),
+        ("b:3", taken[0].id),
+    ]
+    await ledger.record_outcome(taken[0].id, owner=taken[0].lease_owner or "", outcome=ACCEPTED, actor="w")
+    [second] = await ledger.claim_ready(owner="w", lease_seconds=60, batch_id="B1", limit=5)
+    assert second.idempotency_key == "b:1"
+
+
+async def test_a_lead_held_on_one_channel_is_held_on_another_unless_leads_are_not_held(ledger: Ledger) -> None:
+    email = intent("e1").model_copy(update={"lead": '["c1","l1"]'})
+    await ledger.begin_send(email, owner="w", lease_seconds=60)
+    sms = intent("s1", to="+14155550100").model_copy(
+        update={"channel": "sms", "tool": "send_sms", "lead": '["c1","l1"]'}
+    )
+    with pytest.raises(Held, match="the same lead has an unsettled email send"):
+        await ledger.begin_send(sms, owner="w", lease_seconds=60)
+    assert (await ledger.begin_send(sms, owner="w", lease_seconds=60, rules=Rules(hold_lead=False))).claimed
