@@ -8,8 +8,10 @@
 
 `MOVES` is the table (DESIGN.md, operation states). The state sets the ledgers guard their writes with
 (`RECORDABLE`, `CLAIMABLE`, ...) are derived from it, and the ledgers' SQL is written with those sets
-(`sql_list`), never with states typed again; the contract suite and the model-based test check that
-every event a ledger records is a move of this table.
+(`hail_guard.ledger.sql` fills them in), never with states typed again; the contract suite and the
+model-based test check that every event a ledger records is a move of this table. `STATES`, beside it,
+is each state's one row of what it is shown as: its phrase, the agent's next step, the headline, the
+operator's step, its order and colour, read by the answers, the command line and the console.
 """
 
 from __future__ import annotations
@@ -112,27 +114,92 @@ LIVE: Final = frozenset(State) - NEVER_REACHED
 """It may reach, or may have reached, the recipient."""
 
 
-def sql_list(states: frozenset[State]) -> str:
-    """A state set as an SQL list, for the named SQL of both ledgers: `('sending', 'unknown')`."""
-    return "(" + ", ".join(f"'{state.value}'" for state in sorted(states)) + ")"
+OPEN: Final = frozenset(State) - TERMINAL
+"""Not settled yet: it waits for someone (an approval, a worker, Hail, reconcile or a human)."""
 
 
-def sql_one(states: frozenset[State]) -> str:
-    """A set of one state as an SQL value, where a partial index needs `state = '...'` (SQLite does not read
-    `state IN ('...')` as the index's condition)."""
-    [state] = states
-    return f"'{state.value}'"
+@dataclass(frozen=True)
+class StateRow:
+    """Everything a state is shown as, in one row: what answers, the command line and the console read.
+
+    Texts may say `{upstream}` (the upstream's name), `{id}` (the operation) and, in a headline, `{reason}` (the
+    operation's `reason` field, else `reason_default`)."""
+
+    phrase: str
+    """How an answer names an operation in this state, honest about what it means for the recipient."""
+    next_step: str
+    """The one safe thing for an agent to do next (a clause: lower case, no full stop)."""
+    headline: str | None
+    """What happened, for an answer that is not the upstream's own record; None: it is answered with the record."""
+    colour: str
+    """The console's colour for it (its charts, its legend)."""
+    reason: str | None = None
+    """The operation field a headline quotes as `{reason}`."""
+    reason_default: str = "no reason was given"
+    operator_step: str | None = None
+    """What an operator does about the sends a batch run left in this state (`{n}` of them, batch `{batch}`)."""
 
 
-SQL_SETS: Final[dict[str, str]] = {
-    "claimable_state": sql_one(CLAIMABLE),
-    "recordable": sql_list(RECORDABLE),
-    "claimable": sql_list(CLAIMABLE),
-    "expiring": sql_list(EXPIRING),
-    "cancellable": sql_list(CANCELLABLE),
-    "approvable": sql_list(APPROVABLE),
-    "reviewable": sql_list(REVIEWABLE),
-    "terminal": sql_list(TERMINAL),
-    "unresolved": sql_list(UNRESOLVED),
+STATES: Final[dict[State, StateRow]] = {
+    State.ACCEPTED: StateRow(
+        phrase="accepted by {upstream}",
+        next_step="done: {upstream} accepted it (delivery is tracked apart); do not send it again",
+        headline=None,
+        colour="#2e9d62",
+    ),
+    State.FAILED: StateRow(
+        phrase="failed (refused by {upstream})",
+        next_step="{upstream} refused it for good: fix the cause, then send a new message (it needs a new key)",
+        headline=None,
+        colour="#c8423b",
+    ),
+    State.CANCELLED: StateRow(
+        phrase="cancelled before it was sent",
+        next_step="nothing to do: it was cancelled before it left",
+        headline="NOT SENT: it was cancelled before it left ({reason}).",
+        colour="#8a93a3",
+        reason="cancel_reason",
+    ),
+    State.NEEDS_REVIEW: StateRow(
+        phrase="waiting for a human decision (it may have been sent)",
+        next_step="do not send it again: a human decides (`hail-guard review list`)",
+        headline="NEEDS REVIEW: {reason}.",
+        colour="#e08a00",
+        reason="review_reason",
+        reason_default="the outcome stayed unclear",
+        operator_step="{n} send(s) need a person to decide: `hail-guard review list`, or the console's review queue",
+    ),
+    State.UNKNOWN: StateRow(
+        phrase="unknown ({upstream} may have sent it)",
+        next_step="do NOT resend it, in any form: call `reconcile` with operation_id={id}",
+        headline="OUTCOME UNKNOWN: {upstream} may already have sent this message.",
+        colour="#f0b400",
+        operator_step="{n} send(s) have no known outcome ({upstream} may have sent them): `hail-guard reconcile` "
+        "settles them, or run `hail-guard batch run {batch}` again later (it reconciles first); never send them "
+        "another way",
+    ),
+    State.SENDING: StateRow(
+        phrase="being sent right now",
+        next_step="do not send it again: call `get_operation` with operation_id={id} in a minute",
+        headline="IN FLIGHT: this message is being sent right now.",
+        colour="#4a78d8",
+        operator_step="{n} send(s) are being sent by another process: `hail-guard batch status {batch}` shows them "
+        "settle",
+    ),
+    State.READY: StateRow(
+        phrase="waiting to be sent",
+        next_step="call again later with the same arguments (the same key is safe)",
+        headline="NOT SENT YET: {reason}.",
+        colour="#9db8f0",
+        reason="last_error",
+        reason_default="{upstream} asked to wait",
+    ),
+    State.PLANNED: StateRow(
+        phrase="planned, waiting for approval",
+        next_step="wait for an operator to approve the batch (`hail-guard batch approve`)",
+        headline="NOT SENT YET: the send is planned and waits for approval.",
+        colour="#cfd6e4",
+    ),
 }
-"""The names a ledger's named SQL uses for state sets (`{recordable}`), filled in once when it is loaded."""
+"""Every state's row, in the order a batch's progress shows them: settled first, then what is in flight, then what
+waits. A new state gets its moves in `MOVES` and its row here."""

@@ -22,8 +22,9 @@ by an operator after it may have left) is compared while it first left within th
 waiting sends (`planned`, `ready`) are compared at any age. A window of 0 compares no settled send, nothing
 more.
 
-Both ledgers find the candidates with SQL written from the state sets here (`SQL_SETS`, `Rules.sql`) and
-decide with `judge`, so a rule is changed in this module only. `policy.repeats` words the refusals.
+Both ledgers find the candidates with SQL written from the state sets here (`HOLDING`, `WAITING`,
+`SETTLED_LIVE`, `Rules.match_states`) and decide with `judge`, so a rule is changed in this module only.
+`policy.repeats` words the refusals.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import Any, Final
 
 from hail_guard import pointers
 from hail_guard.canonical import canonical_json, fingerprint
-from hail_guard.lifecycle import LIVE, NEVER_REACHED, UNRESOLVED, sql_list
+from hail_guard.lifecycle import LIVE, NEVER_REACHED, UNRESOLVED
 from hail_guard.models import Intent, Operation, State
 from hail_guard.profiles import ToolSpec
 from hail_guard.recipients import BadRecipient, key_of, keys_of, normalise_recipient
@@ -82,10 +83,6 @@ class Rules:
 
 def _values(states: frozenset[State]) -> list[str]:
     return sorted(state.value for state in states)
-
-
-SQL_SETS: Final = {"holding": sql_list(HOLDING), "waiting": sql_list(WAITING), "settled_live": sql_list(SETTLED_LIVE)}
-"""The state sets the ledgers' named SQL uses (`{holding}`, ...), filled in when it is loaded."""
 
 
 # --- what a send means ----------------------------------------------------------------------------------

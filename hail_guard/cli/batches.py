@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import structlog
 
-from hail_guard import app
+from hail_guard import app, policy
 from hail_guard.batch import read_batch_file, run_worker
 from hail_guard.cli.parsing import Commands, add_wide, whole_number
 from hail_guard.cli.terminal import (
@@ -25,6 +25,7 @@ from hail_guard.cli.terminal import (
 )
 from hail_guard.config import Settings
 from hail_guard.errors import BadInput, NotFound
+from hail_guard.lifecycle import STATES
 from hail_guard.models import SUPPRESSION_CHANNELS, BatchStatus, State, Suppression
 from hail_guard.recipients import normalise_recipient
 from hail_guard.server import Proxy
@@ -144,16 +145,10 @@ async def _batch_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def unresolved_steps(status: BatchStatus) -> list[str]:
     """What to do about the sends a run left unresolved (exit 3), a line for each kind."""
-    batch, counts = status.batch_id, status.counts
-    steps = {
-        State.UNKNOWN: f"{{n}} send(s) have no known outcome (Hail may have sent them): `hail-guard reconcile` settles "
-        f"them, or run `hail-guard batch run {batch}` again later (it reconciles first); never send them another way",
-        State.NEEDS_REVIEW: "{n} send(s) need a person to decide: `hail-guard review list`, or the console's review "
-        "queue",
-        State.SENDING: f"{{n}} send(s) are being sent by another process: `hail-guard batch status {batch}` shows "
-        "them settle",
-    }
-    return [text.format(n=counts[state]) for state, text in steps.items() if counts.get(state)]
+    steps = (
+        policy.operator_step(state, status.counts[state], status.batch_id) for state in STATES if state in status.counts
+    )
+    return [step for step in steps if step is not None]
 
 
 async def _batch_cancel(args: argparse.Namespace, settings: Settings) -> int:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import jinja2
 from starlette.applications import Starlette
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
-from starlette.routing import Mount
+from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hail_guard.config import ConsoleSettings, HttpSettings
-from hail_guard.console import actions, pages
+from hail_guard.console import actions, chart, pages
 from hail_guard.console.auth import Operators
 from hail_guard.console.context import MOUNT, Console, age, breakable, readable_times, when
 from hail_guard.gate import allowed_hosts, browser_refusal
@@ -52,11 +53,17 @@ def build_console(proxy: Proxy, settings: ConsoleSettings, http: HttpSettings) -
     routes = [
         *pages.ROUTES,
         *actions.ROUTES,
+        Route("/static/states.css", _state_colours),
         Mount("/static", app=StaticFiles(packages=[("hail_guard.console", "static")]), name="static"),
     ]
     app = Starlette(routes=routes, middleware=[])
     app.state.console = Console(proxy, operators, templates)
     return app
+
+
+async def _state_colours(request: Request) -> Response:
+    """Each state's colour, from its row in `lifecycle.STATES` (a new state brings its colour with it)."""
+    return Response(chart.STATE_CSS, media_type="text/css")
 
 
 def protected(app: ASGIApp, http: HttpSettings) -> ASGIApp:

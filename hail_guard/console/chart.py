@@ -10,19 +10,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from hail_guard.lifecycle import STATES
 from hail_guard.models import State
 
-PROGRESS_ORDER = (
-    State.ACCEPTED,
-    State.FAILED,
-    State.CANCELLED,
-    State.NEEDS_REVIEW,
-    State.UNKNOWN,
-    State.SENDING,
-    State.READY,
-    State.PLANNED,
+PROGRESS_ORDER = tuple(STATES)
+"""Settled first, then what is in flight, then what waits (`lifecycle.STATES`' order): the bar fills from the left."""
+STATE_CSS = "".join(
+    f".s-{state.value} {{ fill: {row.colour}; background: {row.colour}; }}\n" for state, row in STATES.items()
 )
-"""Settled first, then what is in flight, then what waits: the bar fills from the left."""
+"""Each state's colour (`lifecycle.STATES`), served as the console's `static/states.css`."""
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,13 @@ from typing import Any
 
 from hail_guard.batch import STALE_SECONDS, sender_name
 from hail_guard.ledger import Heartbeat, Ledger
+from hail_guard.lifecycle import OPEN, STATES
 from hail_guard.models import DeliveryState, Event, HourOfSends, Operation, State, ToolPin
 from hail_guard.server import Proxy
 
 WEEK_HOURS = 7 * 24
-LIVE_STATES = (State.PLANNED, State.READY, State.SENDING, State.UNKNOWN, State.NEEDS_REVIEW)
-"""Counted exactly on every view (`Ledger.count_states`): what waits for someone."""
+OPEN_STATES = tuple(state for state in STATES if state in OPEN)
+"""Counted exactly on every view (`Ledger.count_states`): what waits for someone (`lifecycle.OPEN`)."""
 SUMMARY_FIELDS = ("subject", "body_text", "body", "first_message", "from_", "cc", "bcc")
 """What a request summary shows of the stored request (never a secret the upstream needs, such as an LLM key)."""
 SUMMARY_CHARACTERS = 300
@@ -104,8 +105,8 @@ async def overview(proxy: Proxy) -> dict[str, Any]:
     pins = await ledger.tool_pins()
     return {
         "now": now,
-        "live": LIVE_STATES,
-        "counts": await ledger.count_states(LIVE_STATES),
+        "open": OPEN_STATES,
+        "counts": await ledger.count_states(OPEN_STATES),
         "settled_day": {
             state: sum(hour.states.get(state, 0) for hour in day) for state in (State.ACCEPTED, State.FAILED)
         },

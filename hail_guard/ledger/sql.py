@@ -15,9 +15,9 @@ import re
 from functools import cache
 from importlib import resources
 
-from hail_guard import same_send
+from hail_guard import lifecycle, same_send
 from hail_guard.errors import SchemaTooNew
-from hail_guard.lifecycle import SQL_SETS
+from hail_guard.models import State
 
 OPERATION_COLUMNS = (
     "id, idempotency_key, tool, channel, recipients, request, request_fingerprint, content_fingerprint, sender, "
@@ -27,9 +27,37 @@ OPERATION_COLUMNS = (
     "may_have_left"
 )
 """What every statement that answers with operations selects (`{columns}`, or `{o_columns}` for a table `o`)."""
+
+
+def sql_list(states: frozenset[State]) -> str:
+    """A state set as an SQL list: `('sending', 'unknown')`."""
+    return "(" + ", ".join(f"'{state.value}'" for state in sorted(states)) + ")"
+
+
+def sql_one(states: frozenset[State]) -> str:
+    """A set of one state as an SQL value, where a partial index needs `state = '...'` (SQLite does not read
+    `state IN ('...')` as the index's condition)."""
+    [state] = states
+    return f"'{state.value}'"
+
+
+STATE_SETS = {
+    "claimable_state": sql_one(lifecycle.CLAIMABLE),
+    "recordable": sql_list(lifecycle.RECORDABLE),
+    "claimable": sql_list(lifecycle.CLAIMABLE),
+    "expiring": sql_list(lifecycle.EXPIRING),
+    "cancellable": sql_list(lifecycle.CANCELLABLE),
+    "approvable": sql_list(lifecycle.APPROVABLE),
+    "reviewable": sql_list(lifecycle.REVIEWABLE),
+    "terminal": sql_list(lifecycle.TERMINAL),
+    "unresolved": sql_list(lifecycle.UNRESOLVED),
+    "holding": sql_list(same_send.HOLDING),
+    "waiting": sql_list(same_send.WAITING),
+    "settled_live": sql_list(same_send.SETTLED_LIVE),
+}
+"""The names the named SQL uses for state sets (`{recordable}`), from `lifecycle` and `same_send`."""
 _FRAGMENTS = {
-    **SQL_SETS,
-    **same_send.SQL_SETS,
+    **STATE_SETS,
     "columns": OPERATION_COLUMNS,
     "o_columns": ", ".join(f"o.{name}" for name in OPERATION_COLUMNS.split(", ")),
     "recorded_columns": ", ".join(f"recorded.{name}" for name in OPERATION_COLUMNS.split(", ")),

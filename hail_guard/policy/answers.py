@@ -31,6 +31,7 @@ from hail_guard.errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
+from hail_guard.lifecycle import STATES
 from hail_guard.models import Operation, State
 
 DEFAULT_UPSTREAM_NAME = "Hail"
@@ -56,29 +57,9 @@ def state_phrase(operation: Operation) -> str:
     """How an answer names an operation's state, honest about what it means for the recipient."""
     if operation.may_have_left:
         return f"{operation.state.value} (closed by an operator; it may have been sent)"
-    name = upstream_name()
-    return {
-        State.ACCEPTED: f"accepted by {name}",
-        State.UNKNOWN: f"unknown ({name} may have sent it)",
-        State.SENDING: "being sent right now",
-        State.NEEDS_REVIEW: "waiting for a human decision (it may have been sent)",
-        State.READY: "waiting to be sent",
-        State.PLANNED: "planned, waiting for approval",
-        State.FAILED: f"failed (refused by {name})",
-        State.CANCELLED: "cancelled before it was sent",
-    }[operation.state]
+    return STATES[operation.state].phrase.format(upstream=upstream_name())
 
 
-_NEXT_STEP = {
-    State.ACCEPTED: "done: {upstream} accepted it (delivery is tracked apart); do not send it again",
-    State.FAILED: "{upstream} refused it for good: fix the cause, then send a new message (it needs a new key)",
-    State.UNKNOWN: "do NOT resend it, in any form: call `reconcile` with operation_id={id}",
-    State.SENDING: "do not send it again: call `get_operation` with operation_id={id} in a minute",
-    State.READY: "call again later with the same arguments (the same key is safe)",
-    State.PLANNED: "wait for an operator to approve the batch (`hail-guard batch approve`)",
-    State.NEEDS_REVIEW: "do not send it again: a human decides (`hail-guard review list`)",
-    State.CANCELLED: "nothing to do: it was cancelled before it left",
-}
 _MAY_HAVE_LEFT_STEP = "do not send it again: an operator closed it, and it may have reached the recipient"
 
 
@@ -93,22 +74,24 @@ def next_step(operation: Operation) -> str:
         return f"do not send it again: it was superseded by an operator's resend, operation {operation.resent_as}"
     if operation.may_have_left:
         return _MAY_HAVE_LEFT_STEP
-    return _NEXT_STEP[operation.state].format(id=operation.id, upstream=upstream_name())
+    return STATES[operation.state].next_step.format(id=operation.id, upstream=upstream_name())
 
 
 def headline(operation: Operation) -> str:
     """What happened, in one sentence, for an answer that is not the upstream's own record."""
-    if operation.state is State.CANCELLED:
-        if operation.may_have_left:
-            return f"CLOSED BY AN OPERATOR, MAY HAVE BEEN SENT: {_clause(operation.cancel_reason)}."
-        return f"NOT SENT: it was cancelled before it left ({_clause(operation.cancel_reason)})."
-    return {
-        State.UNKNOWN: f"OUTCOME UNKNOWN: {upstream_name()} may already have sent this message.",
-        State.SENDING: "IN FLIGHT: this message is being sent right now.",
-        State.NEEDS_REVIEW: f"NEEDS REVIEW: {_clause(operation.review_reason or 'the outcome stayed unclear')}.",
-        State.READY: f"NOT SENT YET: {_clause(operation.last_error or f'{upstream_name()} asked to wait')}.",
-        State.PLANNED: "NOT SENT YET: the send is planned and waits for approval.",
-    }[operation.state]
+    if operation.state is State.CANCELLED and operation.may_have_left:
+        return f"CLOSED BY AN OPERATOR, MAY HAVE BEEN SENT: {_clause(operation.cancel_reason)}."
+    row = STATES[operation.state]
+    assert row.headline is not None, f"a {operation.state.value} send is answered with the upstream's record"
+    said = getattr(operation, row.reason) if row.reason is not None else None
+    reason = _clause(said or row.reason_default.format(upstream=upstream_name()))
+    return row.headline.format(upstream=upstream_name(), reason=reason)
+
+
+def operator_step(state: State, count: int, batch_id: str) -> str | None:
+    """What an operator does about the `count` sends a batch run left in `state` (None: nothing to do)."""
+    step = STATES[state].operator_step
+    return step.format(n=count, batch=batch_id, upstream=upstream_name()) if step is not None else None
 
 
 _SAID_ALREADY = re.compile(r"(?:^|[;,.]\s*)(?:not sent:|nothing was sent)[.;]?\s*", re.IGNORECASE)
