@@ -40,7 +40,7 @@ from typing import Any, Final
 
 from hail_guard import pointers
 from hail_guard.canonical import canonical_json, fingerprint
-from hail_guard.lifecycle import LIVE, NEVER_REACHED, UNRESOLVED
+from hail_guard.lifecycle import LIVE, UNRESOLVED
 from hail_guard.models import Intent, Operation, State
 from hail_guard.profiles import ToolSpec
 from hail_guard.recipients import BadRecipient, key_of, keys_of, normalise_recipient
@@ -215,16 +215,6 @@ def same_meaning(operation: Operation, intent: Intent) -> bool:
 def repeats(operation: Operation, intent: Intent) -> bool:
     """True when `intent` is `operation` again (under its key): the same bytes, or the same meaning."""
     return operation.request_fingerprint == intent.request_fingerprint or same_meaning(operation, intent)
-
-
-def blocks(operation: Operation, *, allow_duplicate: bool) -> bool:
-    """Whether `operation` (the same message to a shared recipient, found by the ledger) stops a new one.
-
-    `allow_duplicate` passes what has settled, never what may still be sending or may have been sent unseen.
-    """
-    if allow_duplicate:
-        return operation.state in HOLDING
-    return operation.state not in NEVER_REACHED or operation.may_have_left
 
 
 class Finding(StrEnum):
