@@ -51,10 +51,10 @@ _REQUEST = (
     '\'{"body_text":"Hi lead \' || i || \', nice to meet you. We help teams like yours ship faster.",'
     "\"idempotency_key\":\"' || :prefix || ':lead' || i || ':email:intro\","
     '"metadata":{"campaign_id":"\' || :prefix || \'","lead_id":"lead\' || i || \'","message_id":"intro"},'
-    '"recipient_consent":true,"subject":"Hello","to":["lead\' || i || \'@example.com"]}\''
+    '"recipient_consent":true,"subject":"Hello","to":["lead\' || i || \'.\' || :prefix || \'@example.com"]}\''
 )
 _RESULT = (
-    '\'{"id":"\' || {id} || \'","status":"queued","to":["lead\' || i || \'@example.com"],'
+    '\'{"id":"\' || {id} || \'","status":"queued","to":["lead\' || i || \'.\' || :prefix || \'@example.com"],'
     '"created_at":"2026-01-01T00:00:00Z","idempotency_key":"\' || :prefix || \':lead\' || i || \':email:intro"}\''
 )
 _SQLITE_RESULT = _RESULT.replace("{id}", "lower(hex(randomblob(16)))")
@@ -67,7 +67,8 @@ INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipien
     content_fingerprint, campaign_id, lead_id, message_id, batch_id, state, provider_id, result, attempts,
     next_check_at, created_at, updated_at, first_sent_at)
 SELECT lower(hex(randomblob(16))), :prefix || ':lead' || i || ':email:intro', 'send_email', 'email',
-    '["lead' || i || '@example.com"]', '["lead' || i || '@example.com"]', {_REQUEST}, lower(hex(randomblob(32))),
+    '["lead' || i || '.' || :prefix || '@example.com"]', '["lead' || i || '.' || :prefix || '@example.com"]',
+    {_REQUEST}, lower(hex(randomblob(32))),
     lower(hex(randomblob(32))),
     :prefix, 'lead' || i, 'intro', :batch, :state,
     CASE WHEN :state = 'accepted' THEN lower(hex(randomblob(16))) END,
@@ -109,7 +110,8 @@ INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipien
     request_fingerprint, content_fingerprint, campaign_id, lead_id, message_id, batch_id, state, provider_id,
     result, attempts, next_check_at, created_at, updated_at, first_sent_at)
 SELECT gen_random_uuid()::text, :prefix::text || ':lead' || i || ':email:intro', 'send_email', 'email',
-    jsonb_build_array('lead' || i || '@example.com'), ARRAY['lead' || i || '@example.com'],
+    jsonb_build_array('lead' || i || '.' || :prefix::text || '@example.com'),
+    ARRAY['lead' || i || '.' || :prefix::text || '@example.com'],
     {_PG_REQUEST}, md5(random()::text) || md5(random()::text),
     md5(random()::text) || md5(random()::text), :prefix::text, 'lead' || i, 'intro', :batch::text, :state::text,
     CASE WHEN :state::text = 'accepted' THEN md5(random()::text) END,

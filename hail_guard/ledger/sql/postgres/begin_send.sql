@@ -30,13 +30,15 @@ $$;
 
 CREATE OR REPLACE FUNCTION hg_holds(p_keys text[], p_channel text, p_lead text) RETURNS SETOF operations
 LANGUAGE sql STABLE AS $$
-    -- Unresolved sends (same_send.HOLDING) to one of these recipient keys on the channel, or to the lead.
-    SELECT o.* FROM operations o
-    WHERE o.state IN {holding} AND (
-        (o.channel = p_channel AND o.id IN (
-            SELECT r.operation_id FROM operation_recipients r WHERE r.recipient = ANY (p_keys)))
-        OR o.lead = p_lead)
-    ORDER BY o.created_at, o.seq LIMIT 5
+    -- Unresolved sends (same_send.HOLDING) to one of these recipient keys on the channel, or to the lead: each
+    -- half walks its index (the recipient's, in byte order as its index; the lead's).
+    SELECT held.* FROM (
+        SELECT o.* FROM operation_recipients r JOIN operations o ON o.id = r.operation_id
+        WHERE r.recipient COLLATE "C" = ANY (p_keys) AND o.channel = p_channel AND o.state IN {holding}
+        UNION ALL
+        SELECT o.* FROM operations o WHERE o.lead = p_lead AND o.state IN {holding}
+    ) AS held
+    ORDER BY held.created_at, held.seq LIMIT 5
 $$;
 
 CREATE OR REPLACE FUNCTION hg_begin_send(
@@ -114,7 +116,8 @@ BEGIN
         END IF;
         IF p_near AND EXISTS (  -- another message the recipients have, that the caller has not compared
             SELECT 1 FROM operations o
-            WHERE o.id IN (SELECT r.operation_id FROM operation_recipients r WHERE r.recipient = ANY (p_recipient_keys))
+            WHERE o.id IN (
+                SELECT r.operation_id FROM operation_recipients r WHERE r.recipient COLLATE "C" = ANY (p_recipient_keys))
               AND o.channel = p_channel AND o.content_fingerprint <> p_content_fingerprint
               AND o.idempotency_key <> p_key AND NOT (o.id = ANY (COALESCE(p_compared, '{}')))
               AND (o.state IN {waiting}
@@ -124,7 +127,8 @@ BEGIN
         ) THEN
             RETURN QUERY
             SELECT 'near'::text, o FROM operations o
-            WHERE o.id IN (SELECT r.operation_id FROM operation_recipients r WHERE r.recipient = ANY (p_recipient_keys))
+            WHERE o.id IN (
+                SELECT r.operation_id FROM operation_recipients r WHERE r.recipient COLLATE "C" = ANY (p_recipient_keys))
               AND o.channel = p_channel AND o.content_fingerprint <> p_content_fingerprint
               AND o.idempotency_key <> p_key
               AND (o.state IN {waiting}

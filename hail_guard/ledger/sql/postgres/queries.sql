@@ -108,7 +108,7 @@ SELECT * FROM (
     SELECT {o_columns}, o.seq AS position, h.id AS held_by
     FROM operations h
     JOIN operation_recipients hr ON hr.operation_id = h.id
-    JOIN operation_recipients r ON r.recipient = hr.recipient
+    JOIN operation_recipients r ON r.recipient COLLATE "C" = hr.recipient
     JOIN operations o ON o.id = r.operation_id
     WHERE h.state IN {holding} AND o.batch_id = $1 AND o.state = {claimable_state} AND o.channel = h.channel
     UNION ALL
@@ -239,12 +239,7 @@ LIMIT 20
 
 -- name: holds
 -- As SQLite's: unresolved sends to one of these recipient keys ($1) on channel $2, or to the lead $3.
-SELECT {o_columns} FROM operations o
-WHERE o.state IN {holding} AND (
-    (o.channel = $2 AND o.id IN (
-        SELECT r.operation_id FROM operation_recipients r WHERE r.recipient IN (SELECT jsonb_array_elements_text($1::jsonb))))
-    OR o.lead = $3::text)
-ORDER BY o.created_at, o.seq LIMIT 5
+SELECT * FROM hg_holds(ARRAY(SELECT jsonb_array_elements_text($1::jsonb)), $2, $3::text)
 
 -- ---------------------------------------------------------------------------------------------------
 -- Planning a batch, in one transaction: the sends are staged (COPY) into a temporary table dropped at its end.
@@ -281,7 +276,7 @@ LIMIT 1
 SELECT p.position, p.tool AS staged_tool, {o_columns}
 FROM hg_plan_stage p
 CROSS JOIN LATERAL jsonb_array_elements_text(p.recipient_keys) AS pr (recipient)
-JOIN operation_recipients r ON r.recipient = pr.recipient
+JOIN operation_recipients r ON r.recipient COLLATE "C" = pr.recipient
 JOIN operations o ON o.id = r.operation_id
 WHERE p.position BETWEEN $2 AND $3 AND NOT p.allow_duplicate AND o.channel = p.channel
   AND o.content_fingerprint <> p.content_fingerprint AND o.idempotency_key <> p.idempotency_key
