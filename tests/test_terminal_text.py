@@ -46,8 +46,10 @@ class Terminal(io.StringIO):
 
 
 def intent(key: str, index: int) -> Intent:
+    """A hostile send; each to recipients of its own (one recipient's unresolved send would hold the next)."""
+    reached = RECIPIENTS if index == 1 else tuple(recipient.replace("@", f"{index}@") for recipient in RECIPIENTS)
     arguments = {
-        "to": list(RECIPIENTS),
+        "to": list(reached),
         "subject": "Hi",
         "body_text": f"Hello {index}",
         "recipient_consent": True,
@@ -58,7 +60,7 @@ def intent(key: str, index: int) -> Intent:
         idempotency_key=key,
         tool="send_email",
         channel="email",
-        recipients=RECIPIENTS,
+        recipients=reached,
         request=text,
         request_fingerprint=keys.fingerprint(text),
         content_fingerprint=same_send.content_fingerprint(hail().spec("send_email"), arguments),
