@@ -6,9 +6,9 @@
                                                                      needs_review --operator--> accepted | failed
                                                                                                 | cancelled
 
-`MOVES` is the table (DESIGN.md, operation states). The state sets the ledgers guard their writes with
-(`RECORDABLE`, `CLAIMABLE`, ...) are derived from it, and the ledgers' SQL is written with those sets
-(`sql_list`), never with states typed again; the contract suite and the model-based test check that
+`MOVES` is the table (docs/reference/states.md, "The moves", is written from it). The state sets the ledgers
+guard their writes with (`RECORDABLE`, `CLAIMABLE`, ...) are derived from it, and the ledgers' SQL is written
+with those sets (`sql_list`), never with states typed again; the contract suite and the model-based test check that
 every event a ledger records is a move of this table.
 """
 
