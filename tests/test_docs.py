@@ -103,6 +103,22 @@ def test_every_json_block_is_json(where: str, body: str) -> None:
     assert isinstance(json.loads(body), dict), where
 
 
+def test_the_client_entry_the_readme_and_the_guide_show_is_what_client_config_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hail_guard.cli import main
+
+    monkeypatch.delenv("HAIL_GUARD_UPSTREAM_URL", raising=False)
+    (tmp_path / "hail-guard.toml").write_text("")
+    monkeypatch.setenv("HAIL_GUARD_CONFIG", str(tmp_path / "hail-guard.toml"))
+    assert main(["client-config", "claude-desktop"]) == 0
+    printed = capsys.readouterr().out
+    written = json.loads(printed[: printed.rindex("}") + 1])
+    written["mcpServers"]["hail"]["command"] = "/path/to/hail-guard/.venv/bin/hail-guard"
+    for page, after in (("README.md", "## Chain it ahead of Hail"), ("docs/how-to/clients.md", "entry it writes")):
+        assert json.loads(doc_block(page, "json", after)) == written, page
+
+
 _SEPARATORS = frozenset({"&&", "||", ";", "|", "&"})
 _DOCKER_VALUE_OPTIONS = frozenset({"-v", "-e", "-p", "-w", "-u", "--network", "--name", "--volume", "--env", "--user"})
 
@@ -250,6 +266,13 @@ def test_the_states_reference_lists_every_state_and_every_move() -> None:
     assert [line.split("`")[1] for line in states.splitlines() if line.startswith("| `")] == [s.value for s in State]
     moves = reference.render("moves").split("\n\n")[0].splitlines()
     assert len(moves) - 2 == len(MOVES)  # the head and its rule, then a row a move
+
+
+def test_the_sandbox_page_names_every_fault_kind() -> None:
+    from hail_guard.sandbox import FAULT_KINDS
+
+    page = (DOCS / "reference" / "sandbox.md").read_text()
+    assert [kind for kind in FAULT_KINDS if f"`{kind}" not in page] == []
 
 
 def test_every_marker_in_the_pages_names_a_part_and_every_part_is_shown() -> None:
