@@ -4,9 +4,10 @@ A page asks for a generated part with a marker on a line of its own, `<!-- refer
 NAME is one of `PARTS`: `commands` (the argparse parser of `hail_guard.cli`), `configuration` (the pydantic
 settings of `hail_guard.config`, each key's meaning from its docstring, else from its comment in
 config.example.toml), `profile` (the profile model, `hail_guard.profiles.model`), `tools` (the registry,
-`hail_guard.tools.OWN`), `states` and `moves` (`hail_guard.lifecycle` and the answers' texts), `delivery`
-(`hail_guard.delivery`). MkDocs runs it as a hook (mkdocs.yml `hooks:`); tests/test_docs.py renders every
-part too, so a change to the code that breaks a part fails the tests, not only the site's build.
+`hail_guard.tools.OWN`), `states`, `moves` and `machine` (`hail_guard.lifecycle` and the answers' texts),
+`delivery` (`hail_guard.delivery`), `same_send` (the rules as `hail_guard/same_send.py`'s docstring states
+them). MkDocs runs it as a hook (mkdocs.yml `hooks:`); tests/test_docs.py renders every part too, so a
+change to the code that breaks a part fails the tests, not only the site's build.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import ast
 import json
 import re
+import textwrap
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -396,6 +398,21 @@ def delivery() -> str:
     )
 
 
+def machine() -> str:
+    """The state machine as `hail_guard/lifecycle.py` draws it in its docstring."""
+    from hail_guard import lifecycle
+
+    drawing = [line for line in (lifecycle.__doc__ or "").splitlines() if line.startswith("    ")]
+    return "```text\n" + textwrap.dedent("\n".join(drawing)) + "\n```"
+
+
+def same_send() -> str:
+    """The rules of the same send as `hail_guard/same_send.py` states them, its docstring after the first line."""
+    from hail_guard import same_send as rules
+
+    return (rules.__doc__ or "").split("\n", 1)[1].strip()
+
+
 PARTS: Mapping[str, Callable[[], str]] = {
     "commands": commands,
     "configuration": configuration,
@@ -404,4 +421,6 @@ PARTS: Mapping[str, Callable[[], str]] = {
     "states": states,
     "moves": moves,
     "delivery": delivery,
+    "machine": machine,
+    "same_send": same_send,
 }
