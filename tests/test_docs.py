@@ -278,6 +278,7 @@ def test_the_sandbox_page_names_every_fault_kind() -> None:
 def test_every_marker_in_the_pages_names_a_part_and_every_part_is_shown() -> None:
     used = {name for page in PAGES for name in reference.MARKER.findall(page.read_text())}
     assert used == set(reference.PARTS)
+    assert [name for name in reference.PARTS if len(reference.render(name).splitlines()) < 3] == []
 
 
 def test_an_unknown_marker_stops_the_build_naming_the_parts() -> None:
