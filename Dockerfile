@@ -3,7 +3,7 @@
 #   docker run -i --rm -v hail-guard:/data -e HAIL_API_KEY -e HAIL_GUARD_UPSTREAM_URL=https://mcp.hail.so hail-guard
 #   docker run --rm -v hail-guard:/data hail-guard status      # or drill, ops list, ...
 # Dependencies come from requirements.lock, every file checked against its hash. BASE may name the base by
-# digest (README: "Docker"). A CA bundle for pip, if one is needed to reach PyPI, is mounted for the install
+# digest (docs/how-to/docker.md). A CA bundle for pip, if one is needed to reach PyPI, is mounted for the install
 # only, never kept in the image: --secret id=ca_certificates,src=/etc/ssl/certs/ca-certificates.crt
 ARG BASE=python:3.11-slim
 

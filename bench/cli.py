@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes: well under a minute (CI)")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    output.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
+    output.add_argument("--markdown", action="store_true", help="print the table as Markdown (for docs/benchmarks.md)")
     parser.add_argument("--only", action="append", choices=CASES, help="run only this case (repeatable)")
     parser.add_argument("--ledger", choices=[*KINDS, "both"], default="both", help="ledgers for the ledger cases")
     parser.add_argument("--save", metavar="FILE", help="also write the report as JSON to FILE")

@@ -2,7 +2,7 @@
 
 A figure holds the measured median (or the single value of a throughput run), its p99 when there
 is a distribution, the baseline measured in the same run, their ratio, and the target it is held
-against. Nothing here asserts: a missed target is printed as such, and explained in the README.
+against. Nothing here asserts: a missed target is printed as such, and explained in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def print_report(report: Report, console: Console) -> None:
 
 
 def markdown(report: Report) -> str:
-    """The table as GitHub Markdown (for the README)."""
+    """The table as GitHub Markdown (for docs/benchmarks.md)."""
     lines = [
         "| case | ledger | median | p99 | baseline | ratio | target | met? | note |",
         "|---|---|---:|---:|---:|---:|---|---|---|",

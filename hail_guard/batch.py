@@ -276,7 +276,8 @@ def _planned(item: object, where: str) -> PlannedSend:
 
 
 def read_batch_file(path: str, schema_of: SchemaOf) -> Iterator[PlannedSend]:
-    """JSON Lines (`{"tool": ..., "arguments": {...}}` per line) or CSV (see the README), read a line at a time."""
+    """JSON Lines (`{"tool": ..., "arguments": {...}}` per line) or CSV (docs/how-to/campaigns.md), read a line
+    at a time."""
     if not Path(path).is_file():
         raise BadInput(f"cannot read the batch file {path}: no such file")
     return _read_sends(path, schema_of)

@@ -43,7 +43,7 @@ CHANNEL_STATES: Final[Mapping[str, tuple[DeliveryState, ...]]] = {
     "sms": (D.DELIVERED, D.UNDELIVERED, D.FAILED),
     "call": (D.COMPLETED, D.FAILED, D.BUSY, D.NO_ANSWER, D.CANCELED),
 }
-"""The delivery states each channel reports (HAIL_CONTRACT.md, status models)."""
+"""The delivery states each channel reports (docs/explanation/hail.md, "What happens after acceptance")."""
 
 EVENT_TYPES: Final[Mapping[str, DeliveryState]] = {
     f"{channel}.{state.value}": state for channel, states in CHANNEL_STATES.items() for state in states

@@ -1,6 +1,6 @@
 """The durable send and reconcile, over a ledger and an upstream.
 
-`Guard.send` is DESIGN.md's flow: validate, derive the key, commit `sending`, forward, classify,
+`Guard.send` is the flow of docs/explanation/states.md: validate, derive the key, commit `sending`, forward, classify,
 commit the outcome. `Guard.reconcile` is the only way out of `unknown`: it replays the SAME key
 with the SAME stored request, or looks the message up, or searches for it, or hands it to a human.
 Everything the upstream's contract decides (the key argument, recipients, the message, how answers

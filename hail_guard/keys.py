@@ -3,7 +3,7 @@
 What a tool's message is, who it is from and where its key goes come from its profile (`ToolSpec`);
 canonical JSON and fingerprints are `hail_guard.canonical`'s (re-exported here).
 
-Key derivation (DESIGN.md, keys), in order:
+Key derivation (docs/explanation/keys.md, "How a key is made"), in order:
 1. the caller's own key, validated: in the upstream's key argument (the profile's `key`, Hail's
    `idempotency_key`), or in hail-guard's own `idempotency_key` for an upstream that takes none;
 2. the configured template, when one is set (a template that cannot be filled is refused);

@@ -6,12 +6,12 @@
                                                                      needs_review --operator--> accepted | failed
                                                                                                 | cancelled
 
-`MOVES` is the table (DESIGN.md, operation states). The state sets the ledgers guard their writes with
-(`RECORDABLE`, `CLAIMABLE`, ...) are derived from it, and the ledgers' SQL is written with those sets
-(`hail_guard.ledger.sql` fills them in), never with states typed again; the contract suite and the
-model-based test check that every event a ledger records is a move of this table. `STATES`, beside it,
-is each state's one row of what it is shown as: its phrase, the agent's next step, the headline, the
-operator's step, its order and colour, read by the answers, the command line and the console.
+`MOVES` is the table (docs/reference/states.md, "The moves", is written from it). The state sets the ledgers
+guard their writes with (`RECORDABLE`, `CLAIMABLE`, ...) are derived from it, and the ledgers' SQL is written
+with those sets (`hail_guard.ledger.sql` fills them in), never with states typed again; the contract suite and
+the model-based test check that every event a ledger records is a move of this table. `STATES`, beside it, is
+each state's one row of what it is shown as: its phrase, the agent's next step, the headline, the operator's
+step, its order and colour, read by the answers, the command line, the console and the docs.
 """
 
 from __future__ import annotations

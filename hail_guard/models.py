@@ -1,7 +1,7 @@
 """Operations, their states and events, and what an upstream answer means.
 
 An operation is one logical send with one idempotency key for its whole life. Its state moves
-along the machine in DESIGN.md; every move is an `Event`. `Answer` is what Hail said, sorted into
+along the machine in docs/explanation/states.md; every move is an `Event`. `Answer` is what Hail said, sorted into
 an `AnswerKind`; `Outcome` is what the ledger records because of it. Delivery (what happened after
 Hail accepted it) is tracked apart: `DeliveryState`, `DeliveryObservation`, `DeliveryEvent`, and
 the signed `Webhook`s that report it.
@@ -185,7 +185,7 @@ class Event(BaseModel):
 
 
 class AnswerKind(StrEnum):
-    """What an upstream answer means for the send (DESIGN.md, classification)."""
+    """What an upstream answer means for the send (docs/explanation/hail.md, "How hail-guard sorts an answer")."""
 
     ACCEPTED = "accepted"
     """A record with an id: Hail took the request."""

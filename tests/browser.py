@@ -40,7 +40,7 @@ FLAGS = (
 )
 WAIT_SECONDS = 20.0
 SCREENSHOTS_ENV = "HAIL_GUARD_CONSOLE_SCREENSHOTS"
-"""A folder to also save each screenshot to (docs/, to refresh the README's pictures)."""
+"""A folder to also save each screenshot to (docs/, to refresh the pictures of docs/how-to/console.md)."""
 
 _T = TypeVar("_T")
 

@@ -1,4 +1,4 @@
-"""Every row of DESIGN.md's classification table, driven through hail-guard against the sandbox."""
+"""Every row of the classification table (docs/explanation/hail.md), driven through hail-guard against the sandbox."""
 
 from __future__ import annotations
 

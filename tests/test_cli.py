@@ -15,6 +15,7 @@ import pytest
 from hail_guard.cli import main
 from hail_guard.cli import parser as cli_parser
 from hail_guard.cli.clients import TOKEN_PLACEHOLDER
+from tests.test_docs import doc_block
 from tests.test_upstream import ECHO_SERVER
 
 CONSENTED = {
@@ -211,18 +212,14 @@ def sandbox_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def readme_block(language: str, after: str) -> str:
-    """The first ```language block of the README after the text `after`, verbatim."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index(f"```{language}\n", text.index(after)) + len(language) + 4
-    return text[start : text.index("```", start)]
-
-
-def test_the_readme_csv_example_plans_and_every_row_is_accepted(
-    sandbox_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("page", "after"), [("docs/how-to/campaigns.md", "**Batch files.**"), ("docs/tutorial/first-hour.md", "leads.csv")]
+)
+def test_the_docs_csv_example_plans_and_every_row_is_accepted(
+    sandbox_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], page: str, after: str
 ) -> None:
     leads = tmp_path / "leads.csv"
-    leads.write_text(readme_block("csv", "**Batch files.**"))
+    leads.write_text(doc_block(page, "csv", after))
     code, out, err = run(capsys, "batch", "plan", str(leads), "--name", "spring")
     assert code == 0, err
     planned = json.loads(out)

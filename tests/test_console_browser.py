@@ -2,7 +2,7 @@
 
 The console runs on a real uvicorn over the real proxy, ledger and sandbox; Chromium (Debian's, no
 download) signs in, reads and decides. Each test saves a screenshot (`tests/browser.py`; with
-HAIL_GUARD_CONSOLE_SCREENSHOTS=docs they refresh the README's pictures). Without Chromium the module
+HAIL_GUARD_CONSOLE_SCREENSHOTS=docs they refresh the pictures in docs/). Without Chromium the module
 is skipped and says why; under CI that is a failure (`.ci/run` installs it).
 """
 

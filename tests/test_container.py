@@ -48,7 +48,7 @@ def image() -> str:
 
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
-    """A folder to bind-mount on /data, given to the image's user as the README says (`chown 10001:10001`)."""
+    """A folder to bind-mount on /data, given to the image's user (`chown 10001:10001`, docs/how-to/docker.md)."""
     folder = tmp_path / "data"
     folder.mkdir()
     os.chown(folder, UID, UID)
@@ -127,7 +127,8 @@ def test_a_data_folder_the_image_user_cannot_write_is_refused_naming_the_ledger(
 
 
 def test_the_lock_pins_every_requirement_of_the_image_within_its_bounds_with_hashes() -> None:
-    """A dependency added to pyproject.toml without `pip-compile` (README: "Docker") fails here, not in the image."""
+    """A dependency added to pyproject.toml without `pip-compile` (docs/how-to/docker.md) fails here, not in the
+    image."""
     project = tomllib.loads((podman.REPO / "pyproject.toml").read_text())
     wanted = [
         *project["build-system"]["requires"],

@@ -2,7 +2,8 @@
 
 Rules act like agents, workers and operators (send, retry, faults on the wire, reconcile, batches drained
 by two workers at once, opt-outs, a worker that crashes after claiming, lease expiry, delivery webhooks,
-review decisions); the invariants are DESIGN.md's promise read off the sandbox outbox and the ledger.
+review decisions); the invariants are the promise (docs/explanation/promise.md) read off the sandbox outbox and
+the ledger.
 The machine owns one event loop (a blocking portal) and drives the async system through it.
 """
 

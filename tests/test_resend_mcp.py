@@ -29,6 +29,7 @@ from hail_guard.cli import main
 from hail_guard.profiles import parse_profile
 from tests.conftest import data, text
 from tests.resend_api import ResendApi, serving
+from tests.test_docs import doc_block
 
 VENDOR = Path(__file__).parent / "vendors" / "resend"
 RESEND_MCP = VENDOR / "node_modules" / "resend-mcp" / "dist" / "index.js"
@@ -304,13 +305,10 @@ def test_profile_check_against_resend_mcp_without_its_key_says_the_upstream_coul
     assert "Hail" not in said
 
 
-async def test_the_readme_resend_setup_serves_as_pasted_with_only_the_package_and_the_api_swapped(
+async def test_the_docs_resend_setup_serves_as_pasted_with_only_the_package_and_the_api_swapped(
     tmp_path: Path, resend_mcp: Path
 ) -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    after = readme.index("Resend's server over stdio, talking to Resend's API")
-    start = readme.index("```toml\n", after) + len("```toml\n")
-    block = readme[start : readme.index("```", start)]
+    block = doc_block("docs/how-to/other-mcp-servers.md", "toml", "Resend's server over stdio, talking to Resend's API")
     assert 'command = ["npx", "-y", "resend-mcp@2.22.0"]' in block
     assert 'RESEND_BASE_URL = "https://api.resend.com"' in block
     api = ResendApi()

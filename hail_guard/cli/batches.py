@@ -49,7 +49,7 @@ def add_commands(commands: Commands) -> None:
 
 def _batch_commands(batch: Commands) -> None:
     plan = batch.add("plan", help="record a batch from a JSON Lines or CSV file; sends nothing", run=_batch_plan)
-    plan.add_argument("file", help="*.jsonl ({tool, arguments} per line) or *.csv (see the README)")
+    plan.add_argument("file", help="*.jsonl ({tool, arguments} per line) or *.csv (see docs/how-to/campaigns.md)")
     plan.add_argument("--name", help="a name to recognise the batch by")
     approve = batch.add("approve", help="let a planned batch be sent (an operator act)", run=_batch_approve)
     approve.add_argument("batch_id", help="the batch id `batch plan` printed")

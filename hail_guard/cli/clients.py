@@ -48,7 +48,7 @@ class McpClient:
     servers_key: str
     """Where the file keeps its servers: `mcpServers`, or `servers` (VS Code)."""
     where: str
-    """The config file, as the README names it."""
+    """The config file, as docs/how-to/clients.md names it."""
 
     def default_path(self) -> Path:
         if self.name == "claude-desktop":

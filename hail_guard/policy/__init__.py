@@ -3,7 +3,8 @@ agent is told. No I/O anywhere in the package; every other part of hail-guard as
 the upstream by the profile's display name (`upstream_name`, set with `naming`).
 
 - `outcomes`: an upstream's answers classified by its profile, the state that follows a first attempt or a
-  replay, reconcile's next step (DESIGN.md, classification and reconcile).
+  replay, reconcile's next step (docs/explanation/hail.md, "How hail-guard sorts an answer";
+  docs/explanation/states.md).
 - `arguments`: what a send's arguments must be before anything is recorded (the schema, the profile's
   rules: Hail's own, consent).
 - `repeats`: what a send that repeats one the ledger holds is answered (`same_send` decides), and whether a

@@ -1,8 +1,8 @@
 """What an upstream's answer to a send means, which state follows it, and what reconcile does next.
 
 `classify` sorts an answer by the tool's profile (`[answers]`: where an error is, its table of patterns,
-first match wins; the built-in `hail` profile holds every text Hail is known to answer, DESIGN.md,
-classification). The first attempt and a same-key replay are judged apart (`outcome_of_send`,
+first match wins; the built-in `hail` profile holds every text Hail is known to answer: docs/explanation/hail.md,
+"How hail-guard sorts an answer"). The first attempt and a same-key replay are judged apart (`outcome_of_send`,
 `outcome_of_replay`): an error the upstream repeats unchanged is what it saved. An upstream that takes no
 key is never replayed: reconcile looks for the send instead (`plan_reconcile`, `outcome_of_search`).
 """
@@ -50,7 +50,7 @@ def classify(
     request: Mapping[str, Any],
     declared: Collection[str] | None = None,
 ) -> Answer:
-    """Sort one upstream answer to a send by the tool's profile (see the table in DESIGN.md).
+    """Sort one upstream answer to a send by the tool's profile (see the table in docs/explanation/hail.md).
 
     `declared` names the properties of the tool's input schema (None: unknown, then the request's own
     fields stand in for them).
@@ -102,7 +102,7 @@ def _classify_error(spec: ToolSpec, error: object, declared: Collection[str], un
     field = _FIELD_ERROR.match(error) if answers.field_errors else None
     if field is not None:
         # A local validation error names a field of the tool's schema; one naming any other field is the
-        # upstream failing to read its own success answer (HAIL_CONTRACT.md), even when the request carried it.
+        # upstream failing to read its own success answer (docs/explanation/hail.md), even when the request carried it.
         refused = field.group(1) in declared
         return Answer(kind=AnswerKind.REFUSED if refused else AnswerKind.MISREAD_SUCCESS, error=error)
     return Answer(kind=unmatched, error=error)
@@ -259,7 +259,8 @@ def plan_reconcile(
     recipient_suppressed: bool,
     replayable: bool = True,
 ) -> ReconcilePlan:
-    """DESIGN.md, reconcile: what to do with one `unknown` operation (`replayable`: the upstream takes a key)."""
+    """What to do with one `unknown` operation (`replayable`: the upstream takes a key): docs/explanation/states.md,
+    "What reconcile does, in order"."""
     if operation.provider_id:
         return ReconcilePlan(ReconcileStep.LOOKUP)
     if recipient_suppressed:

@@ -1,4 +1,4 @@
-"""Upstream profiles: an upstream's contract as data (DESIGN.md, parts of the program).
+"""Upstream profiles: an upstream's contract as data (docs/explanation/layout.md).
 
 A profile says which of an upstream's tools are guarded and, for each, its channel, where its recipients
 and its message are, the key argument if the upstream takes one, where an answer carries the upstream's

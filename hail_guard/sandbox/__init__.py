@@ -1,4 +1,4 @@
-"""The Hail sandbox: a fake Hail MCP server that follows HAIL_CONTRACT.md.
+"""The Hail sandbox: a fake Hail MCP server that follows docs/explanation/hail.md.
 
 Shipped so users can try hail-guard without a Hail account; the drill and the tests use it as the
 upstream. It keeps one organisation in memory: sends with organisation-wide idempotency keys,

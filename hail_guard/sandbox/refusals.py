@@ -1,4 +1,4 @@
-"""Hail's refusals, worded as its tools word them (HAIL_CONTRACT.md, "How failures read").
+"""Hail's refusals, worded as its tools word them (docs/explanation/hail.md, "How its failures read").
 
 Two layers refuse. The tool layer checks a request before any API call (nothing is saved, the key
 stays free): `tool_layer_error` returns `<field>: <message>`, or the bare message for a rule over
