@@ -6,6 +6,7 @@ below takes these as arguments.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import signal
@@ -276,3 +277,53 @@ class ReadableStdin(anyio.AsyncFile[str]):
 
 
 _STDIN_CHUNK_BYTES = 64 * 1024
+
+
+async def serve_http(
+    settings: Settings,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the HTTP app (`web.build_http_app`) until cancelled; `await tg.start(serve_http, settings)` returns the
+    base URL once listening (`listener` runs uvicorn with the connection limits). Cancelled, it shuts down
+    gracefully: in-flight requests get `[http] shutdown_grace_seconds`, then are cancelled, and a send Hail may
+    have is recorded `unknown` by the guard (shielded, bounded).
+
+    `host`/`port` override `[http]`; port 0 picks a free port. Refuses (`ConfigError`) a non-loopback
+    address without a token and a port in use, before the ledger or the upstream is opened.
+    """
+    from hail_guard.gate import is_loopback  # here: the HTTP edge loads only when serving over HTTP
+    from hail_guard.listener import listening, serve_app
+    from hail_guard.metrics import Metrics
+    from hail_guard.web import build_http_app
+
+    overrides = {"host": host, "port": port}
+    http = settings.http.model_copy(update={name: value for name, value in overrides.items() if value is not None})
+    if (problem := http.token_problem(loopback=is_loopback(http.host))) is not None:
+        raise ConfigError(problem)
+    metrics = Metrics()
+    with listening(http.host, http.port) as sock:
+        async with open_proxy(settings, metrics=metrics) as proxy, tracking(settings, proxy):
+            warning = await anyio.to_thread.run_sync(credentials_warning, settings)
+            warnings = [warning] if warning is not None else []
+            app = build_http_app(
+                proxy, http, metrics=metrics, hooks=settings.webhooks, warnings=warnings, console=settings.console
+            )
+            await serve_app(app, sock, settings=http, task_status=task_status)
+
+
+async def serve_http_until_signalled(
+    settings: Settings,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """`serve_http` until SIGINT or SIGTERM, then shut down gracefully (the CLI's entry point; `app.until_signalled`).
+
+    Errors come out as raised (`ConfigError` for a port in use...), not wrapped in a group.
+    """
+    serving = functools.partial(serve_http, settings, host=host, port=port, task_status=task_status)
+    await until_signalled(serving, event="http_stopping")

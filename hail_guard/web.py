@@ -14,14 +14,8 @@ cap, 408 for a slow body, 400 for one nested too deep, 503 when no secret is con
 ledger cannot record it (Hail retries), 422 for an SMS opt-out whose sender cannot be read (kept for
 review, logged as an error: nobody could be suppressed), else 200 with what it did.
 
-    await tg.start(serve_http, settings)          # -> "http://127.0.0.1:8765/" once listening
-
-`serve_http` refuses (`ConfigError`) to start on a non-loopback address without a token (or with
-one under 32 characters), with a token an HTTP header cannot carry, and on a port in use, before
-it opens the ledger or the upstream; `listener` runs uvicorn with the connection limits.
-Cancelling it shuts down gracefully: in-flight requests get `[http] shutdown_grace_seconds`, then
-are cancelled, and a send Hail may have is recorded `unknown` by the guard (shielded, bounded).
-Signals are the caller's business.
+`build_http_app` builds the app over a proxy; the process that serves it (the listener, the proxy's
+lifetime, signals) is the edge's: `app.serve_http`.
 """
 
 from __future__ import annotations
@@ -29,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from functools import partial
 
 import anyio
 import anyio.abc
@@ -46,12 +39,10 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hail_guard import webhooks
-from hail_guard.app import credentials_warning, open_proxy, tracking, until_signalled
-from hail_guard.config import ConsoleSettings, HttpSettings, Settings, WebhookSettings
+from hail_guard.config import ConsoleSettings, HttpSettings, WebhookSettings
 from hail_guard.console.app import console_routes
-from hail_guard.errors import ConfigError, HailGuardError, WebhookRefused
-from hail_guard.gate import BodyRefused, Gate, is_loopback, read_body
-from hail_guard.listener import listening, serve_app
+from hail_guard.errors import HailGuardError, WebhookRefused
+from hail_guard.gate import BodyRefused, Gate, read_body
 from hail_guard.metrics import CONTENT_TYPE, Metrics
 from hail_guard.models import WebhookOutcome
 from hail_guard.server import Proxy, build_server
@@ -229,45 +220,3 @@ class _Asgi:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
-
-
-async def serve_http(
-    settings: Settings,
-    *,
-    host: str | None = None,
-    port: int | None = None,
-    task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve until cancelled; `await tg.start(serve_http, settings)` returns the base URL once listening.
-
-    `host`/`port` override `[http]`; port 0 picks a free port. Refuses (`ConfigError`) a non-loopback
-    address without a token and a port in use, before the ledger or the upstream is opened.
-    """
-    overrides = {"host": host, "port": port}
-    http = settings.http.model_copy(update={name: value for name, value in overrides.items() if value is not None})
-    if (problem := http.token_problem(loopback=is_loopback(http.host))) is not None:
-        raise ConfigError(problem)
-    metrics = Metrics()
-    with listening(http.host, http.port) as sock:
-        async with open_proxy(settings, metrics=metrics) as proxy, tracking(settings, proxy):
-            warning = await anyio.to_thread.run_sync(credentials_warning, settings)
-            warnings = [warning] if warning is not None else []
-            app = build_http_app(
-                proxy, http, metrics=metrics, hooks=settings.webhooks, warnings=warnings, console=settings.console
-            )
-            await serve_app(app, sock, settings=http, task_status=task_status)
-
-
-async def serve_http_until_signalled(
-    settings: Settings,
-    *,
-    host: str | None = None,
-    port: int | None = None,
-    task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    """`serve_http` until SIGINT or SIGTERM, then shut down gracefully (the CLI's entry point; `app.until_signalled`).
-
-    Errors come out as raised (`ConfigError` for a port in use...), not wrapped in a group.
-    """
-    serving = partial(serve_http, settings, host=host, port=port, task_status=task_status)
-    await until_signalled(serving, event="http_stopping")

@@ -25,6 +25,7 @@ from hail_guard.guard import GuardSettings
 from hail_guard.ledger import open_ledger
 from hail_guard.models import State
 from hail_guard.sandbox import Sandbox
+from hail_guard.sandbox.http import build_http_app
 from hail_guard.server import Proxy
 from hail_guard.transports import MAX_ANSWER_BYTES
 from hail_guard.upstream import Upstream, UpstreamTarget, connect_upstream
@@ -192,7 +193,7 @@ async def test_a_stdio_answer_over_the_cap_is_lost_after_reading_no_more_than_th
 
 async def test_a_send_whose_answer_is_over_the_cap_is_unknown_and_its_answer_is_not_stored(tmp_path: Path) -> None:
     sandbox = Sandbox()
-    app = Oversized(sandbox.http_app(token=None), "send_email")
+    app = Oversized(build_http_app(sandbox, token=None), "send_email")
     settings = GuardSettings(timeout_seconds=10)
     with anyio.fail_after(30):
         async with (

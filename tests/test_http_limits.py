@@ -14,10 +14,10 @@ import anyio.abc
 import httpx2
 import pytest
 
+from hail_guard.app import serve_http
 from hail_guard.config import HttpSettings
 from hail_guard.errors import ConfigError
 from hail_guard.listener import PROBE_CONNECTIONS
-from hail_guard.web import serve_http
 from tests.test_bad_input import port_of, receive_all
 from tests.test_web import INITIALIZE, MCP_HEADERS, TOKEN, http_settings, running, settings_in
 

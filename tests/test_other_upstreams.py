@@ -15,8 +15,8 @@ from mcp import Client, types
 from structlog.testing import capture_logs
 
 from hail_guard import review
-from hail_guard.fake import FakeUpstream, from_profile
-from hail_guard.fake.command import faults_for
+from hail_guard.cli.fake import faults_for, from_profile
+from hail_guard.fake import FakeUpstream
 from hail_guard.fake.servers import agentmail, resend
 from hail_guard.guard import GuardSettings
 from hail_guard.ledger import Ledger, open_ledger

@@ -15,9 +15,9 @@ from mcp import types
 
 from hail_guard import pointers
 from hail_guard.cli import main
+from hail_guard.cli.fake import from_profile
 from hail_guard.config import load_settings
 from hail_guard.errors import ConfigError
-from hail_guard.fake import from_profile
 from hail_guard.fake.servers import agentmail, resend
 from hail_guard.profiles import BUILT_IN, built_in, hail, load_profile, parse_profile
 from hail_guard.profiles.checking import check

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 from starlette.types import Receive, Scope, Send
 
+from hail_guard.app import serve_http, serve_http_until_signalled
 from hail_guard.config import HttpSettings, LedgerSettings, Settings, UpstreamSettings
 from hail_guard.errors import ConfigError
 from hail_guard.ledger import open_ledger
@@ -31,9 +32,10 @@ from hail_guard.logs import REDACTED, redact_secrets
 from hail_guard.metrics import Metrics
 from hail_guard.models import State
 from hail_guard.sandbox import Sandbox
+from hail_guard.sandbox.http import build_http_app as build_sandbox_app
 from hail_guard.server import Proxy
 from hail_guard.upstream import UpstreamTarget, connect_upstream
-from hail_guard.web import build_http_app, serve_http, serve_http_until_signalled
+from hail_guard.web import build_http_app
 from tests.conftest import Harness, data, email, open_harness
 
 TOKEN = "agent-token-0123456789abcdef"
@@ -465,7 +467,7 @@ async def test_shutdown_lets_a_send_in_flight_finish_within_the_grace(tmp_path: 
 async def test_the_agent_token_reaches_neither_hail_nor_the_logs(tmp_path: Path) -> None:
     seen: list[str] = []
     sandbox = Sandbox()
-    upstream_app = sandbox.http_app("upstream-token")
+    upstream_app = build_sandbox_app(sandbox, "upstream-token")
 
     async def recording(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

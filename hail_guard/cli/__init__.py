@@ -63,10 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging("info")
         return sandbox.run_from_args(args)
     if args.command == "fake":
-        from hail_guard.fake import command
+        from hail_guard.cli import fake
 
         configure_logging("info")
-        return command.run_from_args(args)
+        return fake.run_from_args(args)
     try:
         settings = load_settings(getattr(args, "config", None))
         _configure_logs(args, settings.log.level)
@@ -115,21 +115,21 @@ def parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     commands = Commands(top, dest="command")
     drill.add_commands(commands, argv)
     admin.add_commands(commands)
-    fake = commands.add("sandbox", help="run the fake Hail MCP server over HTTP", epilog=_fault_kinds())
+    hail = commands.add("sandbox", help="run the fake Hail MCP server over HTTP", epilog=_fault_kinds())
     if "sandbox" in argv:  # likewise: a real upstream never loads the sandbox
         from hail_guard import sandbox
 
-        sandbox.add_arguments(fake)
+        sandbox.add_arguments(hail)
     generic = commands.add("fake", help="run a generic fake MCP server a profile describes (stdio or HTTP)")
     if "fake" in argv:  # likewise: only the fake needs its options
-        from hail_guard.fake import command
+        from hail_guard.cli import fake
 
-        command.add_arguments(generic)
+        fake.add_arguments(generic)
     profiles.add_commands(commands)
     signin.add_commands(commands)
     console = commands.add("console", help="the operator console in a browser, alone on 127.0.0.1")
     if "console" in argv:  # its web stack loads only for it
-        from hail_guard.console import command as console_command
+        from hail_guard.cli import console as console_command
 
         console_command.add_arguments(console)
     operations.add_commands(commands)

@@ -57,9 +57,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if args.transport == "stdio":
         await app.until_signalled(partial(app.serve_stdio, settings), event="stdio_stopping")
     else:
-        from hail_guard import web
-
-        await web.serve_http_until_signalled(settings, host=args.host, port=args.port)
+        await app.serve_http_until_signalled(settings, host=args.host, port=args.port)
     return 0
 
 

@@ -26,17 +26,14 @@ import anyio
 from jsonschema import Draft202012Validator
 
 from hail_guard.fake.surfaces import Surface
+from hail_guard.sandbox.answers import Answer, Refusal, Reply, Withheld
 from hail_guard.sandbox.clock import Clock, Sleep, system_clock
 from hail_guard.sandbox.faults import Fault, FaultPlan
 from hail_guard.sandbox.outbox import Outbox
 from hail_guard.sandbox.server import serve_tools
-from hail_guard.sandbox.service import Answer, Refusal, Reply, Withheld
 
 if TYPE_CHECKING:
     from mcp.server import Server
-    from starlette.applications import Starlette
-
-    from hail_guard.sandbox.oauth import AuthorizationServer
 
 MALFORMED_TEXT = "<html><body>502 Bad Gateway</body></html>"
 """What a `malformed` fault answers: the message was sent, the answer cannot be read."""
@@ -90,12 +87,6 @@ class FakeUpstream:
         return serve_tools(
             self.invoke, list(surface.tools), schemas.get, name=surface.name, instructions=surface.instructions
         )
-
-    def http_app(self, token: str | None, oauth: AuthorizationServer | None = None) -> Starlette:
-        """Streamable HTTP at `/` (as `hail_guard.sandbox.serve_http` serves it)."""
-        from hail_guard.sandbox.http import build_http_app
-
-        return build_http_app(self, token, oauth)
 
     async def invoke(self, tool: str, arguments: Mapping[str, Any] | None) -> Answer:
         """Answer one tool call as the surface's server would."""

@@ -24,7 +24,7 @@ from typing import Any
 from mcp import types
 
 from hail_guard.fake.surfaces import Get, Lister, Record, Send, Surface, isError, structured
-from hail_guard.sandbox.service import Answer, Reply
+from hail_guard.sandbox.answers import Answer, Reply
 
 _STRINGS = {"type": "array", "items": {"type": "string"}}
 _EMAILS = {"type": "array", "items": {"type": "string", "format": "email"}, "minItems": 1, "maxItems": 50}

@@ -10,8 +10,9 @@ was really "sent").
     await tg.start(serve_http, sandbox, "127.0.0.1", 0, "token")            # over HTTP, returns the URL
 
 Modules: `tools` (names, schemas, schema refusals), `refusals` (Hail's refusals and texts),
-`idempotency` (keys), `records` (messages, delivery progress, special addresses), `faults`,
-`outbox`, `clock`, `service` (`Sandbox`), `server` (MCP), `http` (Streamable HTTP), `command` (CLI).
+`idempotency` (keys), `records` (messages, delivery progress, special addresses), `faults`, `outbox`,
+`clock`, `answers` (what a fake answers with), `server` (MCP), `http` (Streamable HTTP), `service`
+(`Sandbox`), `command` (CLI).
 
 Special recipients (see `SPECIAL_ADDRESSES`): `bounce@...` bounces, `complaint@...` complains,
 `delayed@...` is delayed then delivered; SMS to +15005550001 is refused by the carrier (failed,
@@ -19,6 +20,7 @@ error_code 30007), to +15005550002 ends undelivered; calls to +15005550003 are b
 +15005550004 not answered, to +15005550005 failed.
 """
 
+from hail_guard.sandbox.answers import Answer, Refusal, Reply, Withheld
 from hail_guard.sandbox.clock import Clock, ManualClock, Sleep, system_clock
 from hail_guard.sandbox.command import add_arguments, run_from_args
 from hail_guard.sandbox.faults import FAULT_KINDS, Fault, FaultKind, parse_fault
@@ -32,7 +34,7 @@ from hail_guard.sandbox.records import (
     SMS_UNDELIVERED,
     SPECIAL_ADDRESSES,
 )
-from hail_guard.sandbox.service import DEFAULT_DELIVERY_DELAY_SECONDS, Answer, Refusal, Reply, Sandbox, Withheld
+from hail_guard.sandbox.service import DEFAULT_DELIVERY_DELAY_SECONDS, Sandbox
 
 __all__ = [
     "CALL_BUSY",

@@ -57,8 +57,6 @@ class Served(Protocol):
 
     def server(self) -> Server[Any]: ...
 
-    def http_app(self, token: str | None, oauth: AuthorizationServer | None = None) -> Starlette: ...
-
 
 async def _healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
@@ -245,7 +243,7 @@ async def serve_http(
     """
     started = anyio.Event()
     config = uvicorn.Config(
-        _signalling_startup(sandbox.http_app(token, oauth), started),
+        _signalling_startup(build_http_app(sandbox, token, oauth), started),
         log_config=None,
         lifespan="on",
         server_header=False,

@@ -32,15 +32,13 @@ from mcp import MCPError
 from mcp.server import Server, ServerRequestContext
 from mcp.server.runner import serve_dual_era_loop
 
-from hail_guard.sandbox.service import Answer, Refusal, Reply
+from hail_guard.sandbox.answers import Answer, Answering, Refusal, Reply
 from hail_guard.sandbox.tools import input_schema, tool_list
 
 if TYPE_CHECKING:
     from mcp.server.models import InitializationOptions
     from mcp.shared._stream_protocols import ReadStream, WriteStream  # the SDK exports no public alias
     from mcp.shared.message import SessionMessage
-
-    from hail_guard.sandbox.service import Sandbox
 
 SERVER_NAME: Final = "hail"
 SERVER_VERSION: Final = "sandbox"
@@ -114,7 +112,7 @@ async def _drop(ctx: ServerRequestContext[Link, Any]) -> NoReturn:
     raise MCPError(code=types.CONNECTION_CLOSED, message="Connection closed")
 
 
-def build_server(sandbox: Sandbox) -> Server[Link]:
+def build_server(sandbox: Answering) -> Server[Link]:
     return serve_tools(sandbox.invoke, tool_list(), input_schema, name=SERVER_NAME, instructions=_INSTRUCTIONS)
 
 

@@ -20,24 +20,22 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
 from hail_guard.sandbox import records
+from hail_guard.sandbox.answers import Answer, Refusal, Reply, Withheld
 from hail_guard.sandbox.clock import Clock, Sleep, system_clock
 from hail_guard.sandbox.faults import Fault, FaultPlan
 from hail_guard.sandbox.idempotency import CONFLICT_TEXT, PROCESSING_TEXT, Claim, KeyStore, request_hash
 from hail_guard.sandbox.outbox import Outbox
 from hail_guard.sandbox.refusals import api_error, gateway_error, send_refusal, tool_layer_error
+from hail_guard.sandbox.server import build_server
 from hail_guard.sandbox.tools import SEND_TOOLS, input_schema, schema_refusal
 
 if TYPE_CHECKING:
     from mcp.server import Server
-    from starlette.applications import Starlette
-
-    from hail_guard.sandbox.oauth import AuthorizationServer
 
 log = logging.getLogger(__name__)
 
@@ -51,32 +49,6 @@ _RECORD_TOOLS: Final[dict[str, tuple[records.Channel, str]]] = {
     "get_call": ("call", "call_id"),
 }
 _LIST_TOOLS: Final[dict[str, records.Channel]] = {"list_emails": "email", "list_sms": "sms", "list_calls": "call"}
-
-
-@dataclass(frozen=True)
-class Reply:
-    """An ordinary tool result (Hail's errors are ordinary results too)."""
-
-    result: dict[str, Any]
-    text: str | None = None
-    """Answer in these words instead, with no structured content (a generic fake's servers that answer so)."""
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """A schema-level refusal: the caller sees isError with this text."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class Withheld:
-    """No answer: `hang` waits until cancelled, `drop` closes the connection."""
-
-    how: Literal["hang", "drop"]
-
-
-Answer = Reply | Refusal | Withheld
 
 
 class Sandbox:
@@ -125,16 +97,7 @@ class Sandbox:
 
     def server(self) -> Server[Any]:
         """A low-level MCP server over this sandbox (a new one per call; all share this state)."""
-        from hail_guard.sandbox.server import build_server  # here: server.py imports this module
-
         return build_server(self)
-
-    def http_app(self, token: str | None, oauth: AuthorizationServer | None = None) -> Starlette:
-        """The Streamable HTTP app: MCP at `/`, `GET /healthz`; `tools/call` needs `token` if set; with
-        `oauth`, its endpoints too, and every MCP request needs a token it issued."""
-        from hail_guard.sandbox.http import build_http_app  # here: http.py imports this module
-
-        return build_http_app(self, token, oauth)
 
     async def invoke(self, tool: str, arguments: Mapping[str, Any] | None) -> Answer:
         """Answer one tool call as Hail would."""

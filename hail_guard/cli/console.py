@@ -1,4 +1,5 @@
-"""`hail-guard console [--port P] [--open]`: the console alone, on loopback, for stdio users.
+"""`hail-guard console [--port P] [--open]`: the console alone, on loopback, for stdio users (the edge: it opens
+the proxy and serves; the console's pages are `hail_guard.console`'s).
 
 Claude Desktop and Cursor start `hail-guard serve` over stdio, so nothing serves HTTP; this command
 serves the console on 127.0.0.1 over the same ledger (and the same upstream, for a resend's look
