@@ -62,7 +62,7 @@ async def measure(url: str, rows: int, views: int) -> Rendered:
         await _put_in_review(ledger, IN_REVIEW)
         proxy = Proxy(ledger, upstream)
         await proxy.refresh_tools()
-        site = Starlette(routes=[console_routes(proxy, ConsoleSettings(token_env=TOKEN_ENV), HttpSettings())])
+        site = Starlette(routes=[console_routes(ledger, proxy, ConsoleSettings(token_env=TOKEN_ENV), HttpSettings())])
         transport = httpx2.ASGITransport(app=site)
         async with httpx2.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             await _sign_in(client, os.environ[TOKEN_ENV])

@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 import anyio
@@ -28,7 +29,7 @@ from hail_guard.errors import ConfigError, HailGuardError
 from hail_guard.guard import GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.profiles import Profile
-from hail_guard.server import Proxy, build_server
+from hail_guard.server import Proxy, UpstreamTools, build_server
 from hail_guard.tracker import Tracker, TrackerSettings
 from hail_guard.upstream import UpstreamTarget, connect_upstream
 from hail_guard.urls import display_url
@@ -119,8 +120,18 @@ async def open_ledger_from(settings: Settings) -> AsyncIterator[Ledger]:
         yield ledger
 
 
+@dataclass(frozen=True)
+class Opened:
+    """What `open_proxy` opened for its block: the ledger and the upstream, and the proxy over them. The edge
+    (the commands, the HTTP app, the console) hands each part the role of the ledger it uses."""
+
+    ledger: Ledger
+    upstream: UpstreamTools
+    proxy: Proxy
+
+
 @asynccontextmanager
-async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> AsyncIterator[Proxy]:
+async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> AsyncIterator[Opened]:
     """Open the ledger and the upstream; the proxy lives as long as the block.
 
     With `metrics`, ledger and upstream calls are timed and every tool call is counted there.
@@ -154,11 +165,11 @@ async def open_proxy(settings: Settings, *, metrics: Metrics | None = None) -> A
         log.info(
             "proxy_ready",
             ledger=display_url(settings.ledger.url),  # absolute (`config.absolute_ledger_url`), no password
-            profile=proxy.settings.profile.name,
+            profile=proxy.profile.name,
             tools=len(proxy.tools),
             guarded=sorted(proxy.guarded),
         )
-        yield proxy
+        yield Opened(ledger, upstream, proxy)
 
 
 def tracker_settings(settings: Settings, profile: Profile) -> TrackerSettings:
@@ -173,12 +184,12 @@ def tracker_settings(settings: Settings, profile: Profile) -> TrackerSettings:
 
 
 @asynccontextmanager
-async def tracking(settings: Settings, proxy: Proxy) -> AsyncIterator[Tracker | None]:
+async def tracking(settings: Settings, opened: Opened) -> AsyncIterator[Tracker | None]:
     """Poll delivery in the background while the block runs (`serve`, `worker`); None with `[delivery] poll = false`."""
     if not settings.delivery.poll:
         yield None
         return
-    tracker = Tracker(proxy.ledger, proxy.upstream, tracker_settings(settings, proxy.settings.profile))
+    tracker = Tracker(opened.ledger, opened.upstream, tracker_settings(settings, opened.proxy.profile))
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(tracker.run)
@@ -195,8 +206,8 @@ async def tracking(settings: Settings, proxy: Proxy) -> AsyncIterator[Tracker | 
 
 async def serve_stdio(settings: Settings) -> None:
     """Serve one client on stdin and stdout until it closes stdin or this is cancelled (`until_signalled`)."""
-    async with open_proxy(settings) as proxy, tracking(settings, proxy), stdio_server(_stdin()) as (read, write):
-        server = build_server(proxy)
+    async with open_proxy(settings) as opened, tracking(settings, opened), stdio_server(_stdin()) as (read, write):
+        server = build_server(opened.proxy)
         await server.run(read, write, server.create_initialization_options())
 
 
@@ -305,11 +316,17 @@ async def serve_http(
         raise ConfigError(problem)
     metrics = Metrics()
     with listening(http.host, http.port) as sock:
-        async with open_proxy(settings, metrics=metrics) as proxy, tracking(settings, proxy):
+        async with open_proxy(settings, metrics=metrics) as opened, tracking(settings, opened):
             warning = await anyio.to_thread.run_sync(credentials_warning, settings)
             warnings = [warning] if warning is not None else []
             app = build_http_app(
-                proxy, http, metrics=metrics, hooks=settings.webhooks, warnings=warnings, console=settings.console
+                opened.proxy,
+                http,
+                ledger=opened.ledger,
+                metrics=metrics,
+                hooks=settings.webhooks,
+                warnings=warnings,
+                console=settings.console,
             )
             await serve_app(app, sock, settings=http, task_status=task_status)
 

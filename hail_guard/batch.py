@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import structlog
@@ -33,7 +33,7 @@ from hail_guard import same_send
 from hail_guard.crashpoints import crash_point
 from hail_guard.errors import BadInput, HailGuardError, RefusedByPolicy, UpstreamUnavailable
 from hail_guard.guard import PROCESS_ID, Guard, claim_token
-from hail_guard.ledger import Heartbeat, Ledger
+from hail_guard.ledger import Batching, Heartbeat, Heartbeats
 from hail_guard.models import BatchStatus, Intent, State
 
 log = structlog.get_logger(__name__)
@@ -57,19 +57,34 @@ class PlannedSend:
     """How errors name this send: `send 3`, `line 4`."""
 
 
-class Batches:
-    """Planning and dispatch over one guard; `schema_of` gives a guarded tool's input schema (or None)."""
+class BatchLedger(Batching, Heartbeats, Protocol):
+    """What batches use of the ledger: plans, and a run's heartbeat."""
 
-    def __init__(self, guard: Guard, schema_of: SchemaOf, *, require_approval: bool = False) -> None:
+
+class Batches:
+    """Planning and dispatch over one guard; `schema_of` gives a guarded tool's input schema (or None); a send
+    whose lead has an unresolved send on another channel is held with `hold_lead` (`same_send.Rules`)."""
+
+    def __init__(
+        self,
+        ledger: BatchLedger,
+        guard: Guard,
+        schema_of: SchemaOf,
+        *,
+        require_approval: bool = False,
+        hold_lead: bool = True,
+    ) -> None:
+        self._ledger = ledger
         self.guard = guard
         self.schema_of = schema_of
         self.require_approval = require_approval
+        self.hold_lead = hold_lead
 
     async def plan(self, sends: Iterable[PlannedSend], *, name: str | None = None, actor: str = "agent") -> str:
         """Record every send as its own operation; nothing is sent. Returns the batch id."""
         batch_id = f"batch-{uuid.uuid4().hex[:12]}"
         state = State.PLANNED if self.require_approval else State.READY
-        count = await self.guard.ledger.plan_batch(
+        count = await self._ledger.plan_batch(
             batch_id=batch_id, name=name, intents=self._intents(sends), state=state, actor=actor, rules=self.guard.rules
         )
         log.info("batch_planned", batch_id=batch_id, sends=count, state=state)
@@ -100,7 +115,7 @@ class Batches:
     async def run(self, batch_id: str, *, concurrency: int = 4, progress: Progress | None = None) -> BatchStatus:
         """Settle the batch's unknowns, then send what is ready; safe to run again at any time."""
         before = await self.status(batch_id)  # NotFound for a batch that does not exist
-        async with heartbeat(self.guard.ledger, "batch run", batch_id):
+        async with heartbeat(self._ledger, "batch run", batch_id):
             reconciled = await self.guard.reconcile(batch_id=batch_id)
             if reconciled:
                 log.info("batch_reconciled", batch_id=batch_id, operations=len(reconciled))
@@ -117,8 +132,8 @@ class Batches:
         return await self.status(batch_id)
 
     async def status(self, batch_id: str) -> BatchStatus:
-        """The batch's counts, unresolved sends and held sends (held as the guard's settings hold them)."""
-        return await self.guard.ledger.batch_status(batch_id, hold_lead=self.guard.settings.hold_lead_across_channels)
+        """The batch's counts, unresolved sends and held sends (held as `hold_lead` says)."""
+        return await self._ledger.batch_status(batch_id, hold_lead=self.hold_lead)
 
 
 async def drain(
@@ -137,13 +152,7 @@ async def drain(
 
         while stop is None or not stop.is_set():
             owner = claim_token()
-            claimed = await guard.ledger.claim_ready(
-                owner=owner,
-                lease_seconds=guard.settings.lease,
-                batch_id=batch_id,
-                limit=1,
-                hold_lead=guard.settings.hold_lead_across_channels,
-            )
+            claimed = await guard.claim_ready(owner, batch_id=batch_id)
             if not claimed:
                 return
             crash_point("after_claim")
@@ -161,6 +170,7 @@ async def drain(
 
 async def run_worker(
     guard: Guard,
+    heartbeats: Heartbeats,
     *,
     concurrency: int,
     stop: anyio.Event,
@@ -169,7 +179,7 @@ async def run_worker(
 ) -> int:
     """Until `stop` is set: reconcile what is due, send what is ready, then wait for more."""
     total = 0
-    async with heartbeat(guard.ledger, "worker", batch_id):
+    async with heartbeat(heartbeats, "worker", batch_id):
         while not stop.is_set():
             try:
                 await guard.reconcile(batch_id=batch_id)
@@ -186,7 +196,7 @@ async def run_worker(
 
 @asynccontextmanager
 async def heartbeat(
-    ledger: Ledger, role: str, batch_id: str | None = None, *, every_seconds: float = HEARTBEAT_SECONDS
+    ledger: Heartbeats, role: str, batch_id: str | None = None, *, every_seconds: float = HEARTBEAT_SECONDS
 ) -> AsyncIterator[Heartbeat]:
     """While the block runs, the ledger knows this process sends (`Ledger.heartbeats`): a beat first, then every
     `every_seconds`; taken away when the block ends (bounded in time). A beat the ledger refuses is logged, never
@@ -209,7 +219,7 @@ async def heartbeat(
         raise raised
 
 
-async def _beating(ledger: Ledger, beat: Heartbeat, every_seconds: float) -> None:
+async def _beating(ledger: Heartbeats, beat: Heartbeat, every_seconds: float) -> None:
     while True:
         await anyio.sleep(every_seconds)
         await _beat(ledger.record_heartbeat, beat)

@@ -35,7 +35,7 @@ from hail_guard.errors import (
     UpstreamLost,
     UpstreamUnavailable,
 )
-from hail_guard.ledger import Ledger
+from hail_guard.ledger import Sending
 from hail_guard.models import Answer, AnswerKind, Intent, Operation, Outcome, State
 from hail_guard.profiles import Profile, ToolSpec
 
@@ -96,23 +96,54 @@ class SendReport:
 
 
 class Guard:
-    def __init__(self, ledger: Ledger, upstream: UpstreamCaller, settings: GuardSettings) -> None:
+    """Sends and reconciles over the ledger's `Sending` role and one upstream; its settings are its own."""
+
+    def __init__(self, ledger: Sending, upstream: UpstreamCaller, settings: GuardSettings) -> None:
         check_crash_points()  # a testing hook: refuse a misspelt point at startup
-        self.ledger = ledger
-        self.upstream = upstream
-        self.settings = settings
-        self.tool_schemas: dict[str, Mapping[str, Any]] = {}
-        """Each guarded tool's input schema as the upstream declares it (the proxy keeps it current): an
-        error naming a field it does not declare is Hail failing to read its own answer, not a refusal."""
+        self._ledger = ledger
+        self._upstream = upstream
+        self._settings = settings
+        self._schemas: dict[str, Mapping[str, Any]] = {}
+        """Each guarded tool's input schema as the upstream declares it (`know_schemas`): an error naming a
+        field it does not declare is Hail failing to read its own answer, not a refusal."""
+
+    def know_schemas(self, schemas: Mapping[str, Mapping[str, Any]]) -> None:
+        """The guarded tools' input schemas as the upstream lists them now (the proxy tells, on each listing)."""
+        self._schemas = dict(schemas)
+
+    async def wait_connected(self) -> None:
+        """Return once the upstream is connected; `UpstreamUnavailable` if that does not happen soon."""
+        await self._upstream.wait_connected()
+
+    async def claim_ready(self, owner: str, *, batch_id: str | None = None) -> list[Operation]:
+        """Claim the next `ready` send (of `batch_id`, or of any batch) for `owner`, as the settings hold
+        recipients and leads; an empty list when none can go now. Forward it with `dispatch`."""
+        settings = self._settings
+        return await self._ledger.claim_ready(
+            owner=owner,
+            lease_seconds=settings.lease,
+            batch_id=batch_id,
+            limit=1,
+            hold_lead=settings.hold_lead_across_channels,
+        )
+
+    async def send_recorded(self, intent: Intent) -> Operation:
+        """Send an intent the ledger already holds `ready` (a resend): claimed and forwarded now, or, when a
+        worker claimed it first, as it stands (being sent)."""
+        owner = claim_token()
+        begin = await self._ledger.begin_send(intent, owner=owner, lease_seconds=self._settings.lease)
+        if not begin.claimed:
+            return begin.operation
+        return await self.dispatch(begin.operation, owner)
 
     async def send(self, tool: str, arguments: Mapping[str, Any], input_schema: Mapping[str, Any]) -> SendReport:
         try:
             intent, request = self.prepare(tool, arguments, input_schema)
         except BadInput as refused:  # the ledger first: a retry it recognises is answered whatever its new form
             return await self._answer_retry_or_refuse(tool, arguments, refused)
-        self.tool_schemas[tool] = input_schema
+        self._schemas[tool] = input_schema
         try:
-            await self.upstream.wait_connected()  # refused before anything is recorded
+            await self._upstream.wait_connected()  # refused before anything is recorded
         except UpstreamUnavailable:
             # A retry of a send that may already have left is answered from the ledger, never "not sent".
             existing = await self._find_by_keys(intent)
@@ -121,7 +152,7 @@ class Guard:
             return self._answer_from_ledger(existing, intent, request)
         crash_point("before_intent")
         owner = claim_token()
-        begin = await self.ledger.begin_send(intent, owner=owner, lease_seconds=self.settings.lease, rules=self.rules)
+        begin = await self._ledger.begin_send(intent, owner=owner, lease_seconds=self._settings.lease, rules=self.rules)
         if not begin.claimed:
             return self._answer_from_ledger(begin.operation, intent, request)
         crash_point("after_intent")
@@ -141,7 +172,7 @@ class Guard:
     @property
     def rules(self) -> same_send.Rules:
         """The rules about the same send, as the settings make them (`same_send.Rules`)."""
-        settings = self.settings
+        settings = self._settings
         return same_send.Rules(
             window_seconds=settings.duplicate_window_hours * 3600.0,
             hold_lead=settings.hold_lead_across_channels,
@@ -154,7 +185,7 @@ class Guard:
 
     def spec(self, tool: str) -> ToolSpec:
         """How the profile guards `tool`."""
-        return self.settings.profile.spec(tool)
+        return self._settings.profile.spec(tool)
 
     def prepare(
         self, tool: str, arguments: Mapping[str, Any], input_schema: Mapping[str, Any] | None
@@ -168,10 +199,10 @@ class Guard:
             policy.check_rules(spec, request, input_schema)
         else:
             nesting.check_arguments(tool, request)  # every step below recurses once per level
-        region = self.settings.default_region
+        region = self._settings.default_region
         reaches = recipients.recipients_of(spec.channel, request, spec.recipients, region=region)  # refuses bad ones
         derived_from = {**request, **own_key}
-        key = keys.derive_key(spec, derived_from, self.settings.key_template, region=region)
+        key = keys.derive_key(spec, derived_from, self._settings.key_template, region=region)
         legacy = keys.legacy_key(spec, derived_from) if key.startswith(keys.MEANING_PREFIX) else None
         if spec.key is not None:
             request[spec.key] = key  # the upstream takes the key: it is part of what is forwarded
@@ -198,9 +229,9 @@ class Guard:
 
     async def _find_by_keys(self, intent: Intent) -> Operation | None:
         """The operation under the send's key, else under the key an earlier version derived for it."""
-        found = await self.ledger.find_by_key(intent.idempotency_key)
+        found = await self._ledger.find_by_key(intent.idempotency_key)
         if found is None and intent.legacy_key is not None:
-            found = await self.ledger.find_by_key(intent.legacy_key)
+            found = await self._ledger.find_by_key(intent.legacy_key)
         return found
 
     async def _answer_retry_or_refuse(self, tool: str, arguments: Mapping[str, Any], refused: BadInput) -> SendReport:
@@ -213,7 +244,7 @@ class Guard:
         existing = await self._find_by_keys(intent)
         if existing is not None and same_send.repeats(existing, intent):
             return self._answer_from_ledger(existing, intent, request)
-        found = await self.ledger.same_send_candidates(intent, self.rules)
+        found = await self._ledger.same_send_candidates(intent, self.rules)
         verdict = same_send.judge(intent, intent.text, found, self.rules)
         if verdict.finding is same_send.Finding.SAME and verdict.operation is not None:
             return self._answer_from_ledger(verdict.operation, intent, request)
@@ -240,7 +271,7 @@ class Guard:
     async def _forward(self, operation: Operation, owner: str, tool: str, request: dict[str, Any]) -> Answer:
         """Forward under the claim; any way out of here leaves an answer to record."""
         try:
-            result = await self.upstream.call_tool(tool, request, timeout_seconds=self.settings.timeout_seconds)
+            result = await self._upstream.call_tool(tool, request, timeout_seconds=self._settings.timeout_seconds)
         except UpstreamError as exc:
             return policy.answer_of_failure(exc)
         except BaseException:
@@ -259,7 +290,7 @@ class Guard:
             payload=payload_of(result),
             text=text_of(result),
             request=request,
-            declared=policy.declared_fields(self.tool_schemas.get(tool)),
+            declared=policy.declared_fields(self._schemas.get(tool)),
         )
 
     async def _record(self, operation: Operation, owner: str, outcome: Outcome) -> Operation:
@@ -272,10 +303,10 @@ class Guard:
         """An answer from Hail is retried into the ledger, never dropped silently (bounded)."""
         for attempt in range(1, _RECORD_ATTEMPTS + 1):
             try:
-                recorded = await self.ledger.record_outcome(operation.id, owner=owner, outcome=outcome, actor=owner)
+                recorded = await self._ledger.record_outcome(operation.id, owner=owner, outcome=outcome, actor=owner)
             except LeaseLost:
                 log.warning("operation_taken_over", operation_id=operation.id, outcome=outcome.state)
-                return await self.ledger.get(operation.id)
+                return await self._ledger.get(operation.id)
             except LedgerUnavailable as exc:
                 log.error(
                     "outcome_not_recorded",
@@ -306,18 +337,18 @@ class Guard:
         They are claimed one at a time: a claim (and the attempt it counts) covers only the operation being
         settled, so a crash or a slow replay never holds the others for a lease or spends their attempts.
         """
-        await self.upstream.wait_connected()  # unreachable: refused before any attempt is claimed or counted
+        await self._upstream.wait_connected()  # unreachable: refused before any attempt is claimed or counted
         owner = claim_token()
         settled: list[Operation] = []
         for _ in range(1 if operation_id is not None else _RECONCILE_MAX):
-            claimed = await self.ledger.claim_unknown(
-                owner=owner, lease_seconds=self.settings.lease, operation_id=operation_id, batch_id=batch_id, limit=1
+            claimed = await self._ledger.claim_unknown(
+                owner=owner, lease_seconds=self._settings.lease, operation_id=operation_id, batch_id=batch_id, limit=1
             )
             if not claimed:
                 break
             settled.append(await self._reconcile_one(claimed[0], owner))
         if operation_id is not None and not settled:
-            return [await self.ledger.get(operation_id)]
+            return [await self._ledger.get(operation_id)]
         return settled
 
     async def _reconcile_one(self, operation: Operation, owner: str) -> Operation:
@@ -325,9 +356,9 @@ class Guard:
         spec = self.spec(operation.tool)
         plan = policy.plan_reconcile(
             operation,
-            now=await self.ledger.now(),
-            key_retention_hours=self.settings.key_retention_hours or spec.retention_hours,
-            recipient_suppressed=await self.ledger.is_suppressed(operation.recipients, operation.channel),
+            now=await self._ledger.now(),
+            key_retention_hours=self._settings.key_retention_hours or spec.retention_hours,
+            recipient_suppressed=await self._ledger.is_suppressed(operation.recipients, operation.channel),
             replayable=spec.forwards_key,
         )
         log.info("reconcile_step", operation_id=operation.id, key=operation.idempotency_key, step=plan.step)
@@ -343,8 +374,8 @@ class Guard:
     async def _replay(self, operation: Operation) -> Outcome:
         request = operation.arguments()
         try:
-            result = await self.upstream.call_tool(
-                operation.tool, request, timeout_seconds=self.settings.timeout_seconds
+            result = await self._upstream.call_tool(
+                operation.tool, request, timeout_seconds=self._settings.timeout_seconds
             )
         except UpstreamUnavailable as exc:
             return policy.replay_not_made(str(exc))  # nothing left: no attempt spent
@@ -356,7 +387,7 @@ class Guard:
             answer,
             previous_error=operation.last_error,
             attempts=operation.attempts - 1,
-            max_attempts=self.settings.max_reconcile_attempts,
+            max_attempts=self._settings.max_reconcile_attempts,
         )
 
     async def _look_up(self, operation: Operation) -> Outcome:
@@ -411,7 +442,7 @@ class Guard:
         """The upstream ids other operations to the same recipients already hold (one message is one send)."""
         since = operation.created_at - timedelta(hours=24)
         recipient = operation.recipients[0] if operation.recipients else None
-        others = await self.ledger.list_operations(recipient=recipient, since=since, limit=500)
+        others = await self._ledger.list_operations(recipient=recipient, since=since, limit=500)
         return frozenset(other.provider_id for other in others if other.provider_id and other.id != operation.id)
 
     async def _find_by_id(self, operation: Operation, lookup: profiles.Lookup) -> dict[str, Any] | None:
@@ -428,8 +459,8 @@ class Guard:
 
     async def _read(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
         """A read tool's answer; `UpstreamLost` when it gave none (an error that does not say "not found")."""
-        result = await self.upstream.call_tool(tool, arguments, timeout_seconds=self.settings.timeout_seconds)
-        answers = self.settings.profile.data.answers
+        result = await self._upstream.call_tool(tool, arguments, timeout_seconds=self._settings.timeout_seconds)
+        answers = self._settings.profile.data.answers
         text = text_of(result)
         payload = payload_of(result)
         error = pointers.resolve(payload, answers.error) if payload is not None and answers.error else None

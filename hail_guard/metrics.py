@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from hail_guard.ledger import Ledger
+from hail_guard.ledger import Overview
 from hail_guard.models import State
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -87,7 +87,7 @@ class Metrics:
         """`target`, with every coroutine method timed into `hail_guard_<kind>_seconds`."""
         return cast(_T, _Timed(target, self.latency[kind]))
 
-    async def count_operations(self, ledger: Ledger) -> None:
+    async def count_operations(self, ledger: Overview) -> None:
         """Read the operations per state from the ledger (at scrape time)."""
         counts = await ledger.count_by_state()
         for state in State:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import structlog
 
 from hail_guard import keys, policy
-from hail_guard.guard import Guard, claim_token
+from hail_guard.guard import Guard
+from hail_guard.ledger import Reviewing
 from hail_guard.models import Intent, Operation, State
 from hail_guard.profiles import ToolSpec
 
@@ -43,24 +44,20 @@ def resend_intent(spec: ToolSpec, operation: Operation) -> Intent:
     )
 
 
-async def resend(guard: Guard, operation_id: str, *, reason: str, actor: str) -> Operation:
+async def resend(ledger: Reviewing, guard: Guard, operation_id: str, *, reason: str, actor: str) -> Operation:
     """Supersede a `needs_review` operation by a new one and send that; returns the new operation.
 
     Refused before anything is recorded when the operation is not in review, when Hail is unreachable, and
     when Hail has the message (`Guard.look_for`: by its id, else among the messages to its recipient).
     """
-    operation = await guard.ledger.get(operation_id)
+    operation = await ledger.get(operation_id)
     if operation.state is not State.NEEDS_REVIEW:
         raise policy.not_in_review(operation, "resent")
-    await guard.upstream.wait_connected()
+    await guard.wait_connected()
     seen = await guard.look_for(operation)  # a resend of a message Hail has would be a second send
     if seen.sighted is not None:
         raise policy.found_in_upstream(operation, seen.sighted.record, seen.searched, seen.sighted.provider_id)
     intent = resend_intent(guard.spec(operation.tool), operation)
-    created = await guard.ledger.resend(operation.id, intent, reason=reason, actor=actor)
+    created = await ledger.resend(operation.id, intent, reason=reason, actor=actor)
     log.info("operation_resent", operation_id=operation.id, new_operation_id=created.id, key=intent.idempotency_key)
-    owner = claim_token()
-    begin = await guard.ledger.begin_send(intent, owner=owner, lease_seconds=guard.settings.lease)
-    if not begin.claimed:  # a worker took it first: it is being sent
-        return begin.operation
-    return await guard.dispatch(begin.operation, owner)
+    return await guard.send_recorded(intent)  # a worker may take it first: then it is being sent

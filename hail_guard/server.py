@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Protocol
 
 import structlog
@@ -34,9 +34,9 @@ from hail_guard.errors import BadInput, RefusedByPolicy, UpstreamError
 from hail_guard.guard import Guard, GuardSettings, SendReport, UpstreamCaller
 from hail_guard.ledger import Ledger
 from hail_guard.models import State
-from hail_guard.profiles import sending
+from hail_guard.profiles import Profile, sending
 from hail_guard.profiles.checking import CHECK_COMMAND, Finding, check, unguarded_senders
-from hail_guard.tools import OwnTool, listed_as_guarded, offered
+from hail_guard.tools import Context, OwnTool, listed_as_guarded, offered
 
 log = structlog.get_logger(__name__)
 
@@ -78,9 +78,10 @@ Route = Callable[[str, dict[str, Any], Progress | None], Awaitable[Answered]]
 
 @dataclass
 class Proxy:
-    """Everything one hail-guard server needs; shared by all its sessions."""
+    """Everything one hail-guard server needs; shared by all its sessions. It gives the ledger to the parts it
+    makes (the guard, the batches, the handlers' `Context`) and keeps none of it for anyone else to use."""
 
-    ledger: Ledger
+    ledger: InitVar[Ledger]
     upstream: UpstreamTools
     settings: GuardSettings = field(default_factory=GuardSettings)
     guarded_tools: Sequence[str] | None = None
@@ -108,14 +109,34 @@ class Proxy:
     _unlisted: set[str] = field(default_factory=set)
     guard: Guard = field(init=False)
     batches: Batches = field(init=False)
+    _ledger: Ledger = field(init=False, repr=False)
+    _context: Context = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self.guard = Guard(self.ledger, self.upstream, self.settings)
-        self.batches = Batches(self.guard, self.guarded_schema, require_approval=self.require_approval)
+    def __post_init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self.guard = Guard(ledger, self.upstream, self.settings)
+        self.batches = Batches(
+            ledger,
+            self.guard,
+            self.guarded_schema,
+            require_approval=self.require_approval,
+            hold_lead=self.settings.hold_lead_across_channels,
+        )
+        self._context = Context(ledger, self.guard, self.batches, self.know_tools, self.region)
 
     def guarded_schema(self, name: str) -> dict[str, Any] | None:
         tool = self.tools.get(name) if name in self.guarded else None
         return dict(tool.input_schema) if tool is not None else None
+
+    @property
+    def profile(self) -> Profile:
+        """The upstream's contract this proxy guards by (`GuardSettings.profile`)."""
+        return self.settings.profile
+
+    @property
+    def region(self) -> str | None:
+        """Where a phone number without its country code is read (`[guard] default_region`)."""
+        return self.settings.default_region
 
     @property
     def upstream_name(self) -> str:
@@ -169,7 +190,7 @@ class Proxy:
         schemas = {name: tool.input_schema for name, tool in self.tools.items()}
         profile = self.settings.profile
         self.guarded = profile.guarded(schemas, self.guarded_tools)
-        self.guard.tool_schemas = {name: schemas[name] for name in self.guarded}
+        self.guard.know_schemas({name: schemas[name] for name in self.guarded})
         self._fit(listed)
         wanted = profile.tools if self.guarded_tools is None else self.guarded_tools
         self._warn_unlisted(set(wanted) - set(self.tools))
@@ -218,8 +239,8 @@ class Proxy:
         fingerprints = {name: keys.fingerprint(text) for name, text in definitions.items()}
         if fingerprints == self._fingerprints:
             return
-        await self.ledger.remember_tool_definitions({fingerprints[name]: definitions[name] for name in tools})
-        pins = await self.ledger.observe_tools(fingerprints)
+        await self._ledger.remember_tool_definitions({fingerprints[name]: definitions[name] for name in tools})
+        pins = await self._ledger.observe_tools(fingerprints)
         self._fingerprints = fingerprints
         self.changed = {pin.name for pin in pins if pin.changed and pin.name in fingerprints}
         if self.changed:
@@ -267,8 +288,8 @@ class Proxy:
 
     async def _own(self, entry: OwnTool, name: str, arguments: dict[str, Any], progress: Progress | None) -> Answered:
         policy.validate_arguments(name, arguments, entry.tool.input_schema)
-        await self.ledger.expire_leases()  # what the agent sees is what is true now
-        return _plain(await entry.run(self, arguments, progress))
+        await self._ledger.expire_leases()  # what the agent sees is what is true now
+        return _plain(await entry.run(self._context, arguments, progress))
 
     async def _guarded(self, name: str, arguments: dict[str, Any], progress: Progress | None) -> Answered:
         if (misfit := self.misfit_text()) is not None:
@@ -291,7 +312,7 @@ class Proxy:
     async def _refuse_if_changed(self, name: str) -> None:
         if not (self.pin_tools and name in self.changed):
             return
-        pins = await self.ledger.tool_pins()  # an operator may have accepted it since
+        pins = await self._ledger.tool_pins()  # an operator may have accepted it since
         self.changed = {pin.name for pin in pins if pin.changed and pin.name in self._fingerprints}
         if name in self.changed:
             raise RefusedByPolicy(

@@ -7,8 +7,9 @@ only with `[review] expose_to_agent = true` (`offered`). A guarded upstream tool
 upstream declares it, plus `allow_duplicate` and, for an upstream that takes no key, hail-guard's own
 `idempotency_key` (`listed_as_guarded`).
 
-A handler works with the proxy that serves it, seen as a `Host`: the ledger, the guard, the batches
-and the upstream. It returns the MCP result (`views`); an error it raises is answered by the server.
+A handler works with the `Context` the proxy that serves it gives: the ledger's roles it uses
+(`AgentLedger`), the guard and the batches. It returns the MCP result (`views`); an error it raises is
+answered by the server.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from mcp import types
 from hail_guard import recipients, review, views
 from hail_guard.batch import Batches, Progress, sends_from_tool
 from hail_guard.errors import BadInput
-from hail_guard.guard import ALLOW_DUPLICATE, Guard, UpstreamCaller
-from hail_guard.ledger import Ledger, find_operation
+from hail_guard.guard import ALLOW_DUPLICATE, Guard
+from hail_guard.ledger import OptOuts, Reviewing, Tracking, find_operation
 from hail_guard.models import SUPPRESSION_CHANNELS, Operation, State, Suppression
 from hail_guard.policy import REVIEW_RESOLUTIONS
 from hail_guard.profiles import KEY_FIELD, ToolSpec
@@ -56,26 +57,24 @@ _OWN_KEY_SCHEMA = {
 }
 
 
-class Host(Protocol):
-    """What a handler works with: the proxy serving the call (`server.Proxy`)."""
-
-    @property
-    def ledger(self) -> Ledger: ...
-
-    @property
-    def upstream(self) -> UpstreamCaller: ...
-
-    @property
-    def guard(self) -> Guard: ...
-
-    @property
-    def batches(self) -> Batches: ...
-
-    async def know_tools(self) -> None:
-        """List the upstream's tools if that was never done (a batch's sends are checked against them)."""
+class AgentLedger(Tracking, OptOuts, Reviewing, Protocol):
+    """What hail-guard's own tools use of the ledger: operations and their delivery, opt-outs, the review queue."""
 
 
-Handler = Callable[[Host, dict[str, Any], Progress | None], Awaitable[types.CallToolResult]]
+@dataclass(frozen=True)
+class Context:
+    """What a handler works with, given by the proxy that serves the call (`server.Proxy`)."""
+
+    ledger: AgentLedger
+    guard: Guard
+    batches: Batches
+    know_tools: Callable[[], Awaitable[None]]
+    """List the upstream's tools if that was never done (a batch's sends are checked against them)."""
+    region: str | None = None
+    """Where a phone number without its country code is read (`[guard] default_region`)."""
+
+
+Handler = Callable[[Context, dict[str, Any], Progress | None], Awaitable[types.CallToolResult]]
 
 
 @dataclass(frozen=True)
@@ -131,69 +130,77 @@ def listed_as_guarded(tool: types.Tool, spec: ToolSpec) -> types.Tool:
 # --- the handlers --------------------------------------------------------------------------------------
 
 
-async def _reconcile(host: Host, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
-    target = await _find(host, arguments) if "operation_id" in arguments else None
-    settled = await host.guard.reconcile(target.id if target is not None else None)
+async def _reconcile(context: Context, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
+    target = await _find(context, arguments) if "operation_id" in arguments else None
+    settled = await context.guard.reconcile(target.id if target is not None else None)
     return views.data_result({"reconciled": [views.operation_view(op) for op in settled], "count": len(settled)})
 
 
-async def _get_operation(host: Host, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
-    operation = await _find(host, arguments)
-    events = await host.ledger.events(operation.id)
+async def _get_operation(
+    context: Context, arguments: dict[str, Any], progress: Progress | None
+) -> types.CallToolResult:
+    operation = await _find(context, arguments)
+    events = await context.ledger.events(operation.id)
     history = [event.model_dump(mode="json", exclude={"operation_id"}) for event in events]
-    deliveries = views.delivery_view(await host.ledger.delivery_events(operation.id))
+    deliveries = views.delivery_view(await context.ledger.delivery_events(operation.id))
     return views.data_result({**views.operation_view(operation), "history": history, "delivery_events": deliveries})
 
 
-async def _list_operations(host: Host, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
+async def _list_operations(
+    context: Context, arguments: dict[str, Any], progress: Progress | None
+) -> types.CallToolResult:
     state = State(arguments["state"]) if "state" in arguments else None
-    operations = await host.ledger.list_operations(
+    operations = await context.ledger.list_operations(
         state=state, campaign_id=arguments.get("campaign_id"), limit=arguments.get("limit", 50)
     )
     return views.data_result({"operations": [views.operation_view(op) for op in operations], "count": len(operations)})
 
 
-async def _plan_batch(host: Host, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
-    await host.know_tools()
+async def _plan_batch(context: Context, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
+    await context.know_tools()
     sends = sends_from_tool(arguments["sends"])
-    batch_id = await host.batches.plan(sends, name=arguments.get("name"), actor="agent")
-    return views.data_result(views.batch_view(await host.batches.status(batch_id)))
+    batch_id = await context.batches.plan(sends, name=arguments.get("name"), actor="agent")
+    return views.data_result(views.batch_view(await context.batches.status(batch_id)))
 
 
-async def _run_batch(host: Host, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
-    await host.upstream.wait_connected()
+async def _run_batch(context: Context, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
+    await context.guard.wait_connected()
     concurrency = arguments.get("concurrency", 4)
-    status = await host.batches.run(arguments["batch_id"], concurrency=concurrency, progress=progress)
+    status = await context.batches.run(arguments["batch_id"], concurrency=concurrency, progress=progress)
     return views.data_result(views.batch_view(status))
 
 
-async def _batch_status(host: Host, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
-    return views.data_result(views.batch_view(await host.batches.status(arguments["batch_id"])))
+async def _batch_status(context: Context, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
+    return views.data_result(views.batch_view(await context.batches.status(arguments["batch_id"])))
 
 
-async def _record_opt_out(host: Host, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
+async def _record_opt_out(
+    context: Context, arguments: dict[str, Any], progress: Progress | None
+) -> types.CallToolResult:
     channel = arguments.get("channel", "all")
     opt_out = Suppression(
         recipient=recipients.normalise_recipient(  # refuses an unreadable one
-            arguments["recipient"], channel, region=host.guard.settings.default_region
+            arguments["recipient"], channel, region=context.region
         ),
         channel=channel,
         reason=arguments["reason"],
         source=arguments.get("source", "agent"),
     )
-    cancelled = await host.ledger.add_suppression(opt_out, actor="agent")
+    cancelled = await context.ledger.add_suppression(opt_out, actor="agent")
     return views.data_result(
         {"recipient": opt_out.recipient, "channel": opt_out.channel, "cancelled_operations": cancelled}
     )
 
 
-async def _review_list(host: Host, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
-    waiting = await host.ledger.list_operations(state=State.NEEDS_REVIEW, limit=arguments.get("limit", 50))
+async def _review_list(context: Context, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
+    waiting = await context.ledger.list_operations(state=State.NEEDS_REVIEW, limit=arguments.get("limit", 50))
     return views.data_result({"operations": [views.operation_view(op) for op in waiting], "count": len(waiting)})
 
 
-async def _review_resolve(host: Host, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
-    resolved = await host.ledger.resolve_review(
+async def _review_resolve(
+    context: Context, arguments: dict[str, Any], progress: Progress | None
+) -> types.CallToolResult:
+    resolved = await context.ledger.resolve_review(
         arguments["operation_id"],
         state=State(arguments["state"]),
         reason=arguments["reason"],
@@ -203,17 +210,21 @@ async def _review_resolve(host: Host, arguments: dict[str, Any], progress: Progr
     return views.data_result(views.operation_view(resolved))
 
 
-async def _review_resend(host: Host, arguments: dict[str, Any], progress: Progress | None) -> types.CallToolResult:
-    resent = await review.resend(host.guard, arguments["operation_id"], reason=arguments["reason"], actor="agent")
+async def _review_resend(
+    context: Context, arguments: dict[str, Any], progress: Progress | None
+) -> types.CallToolResult:
+    resent = await review.resend(
+        context.ledger, context.guard, arguments["operation_id"], reason=arguments["reason"], actor="agent"
+    )
     return views.data_result(views.operation_view(resent))
 
 
-async def _find(host: Host, arguments: Mapping[str, Any]) -> Operation:
+async def _find(context: Context, arguments: Mapping[str, Any]) -> Operation:
     """The operation named by `operation_id` or `idempotency_key` (either takes an id or a key)."""
     reference = arguments.get("operation_id", arguments.get("idempotency_key"))
     if reference is None:
         raise BadInput("give operation_id or idempotency_key")
-    return await find_operation(host.ledger, reference)
+    return await find_operation(context.ledger, reference)
 
 
 # --- the registry ----------------------------------------------------------------------------------------

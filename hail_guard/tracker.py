@@ -26,7 +26,7 @@ import structlog
 from hail_guard import delivery, pointers, profiles
 from hail_guard.errors import HailGuardError, UpstreamError, UpstreamUnavailable
 from hail_guard.guard import UpstreamCaller, text_of
-from hail_guard.ledger import Ledger
+from hail_guard.ledger import Tracking
 from hail_guard.models import Operation
 from hail_guard.profiles import Profile
 
@@ -65,7 +65,7 @@ class TrackerSettings:
 
 class Tracker:
     def __init__(
-        self, ledger: Ledger, upstream: UpstreamCaller, settings: TrackerSettings, *, sleep: Sleep = anyio.sleep
+        self, ledger: Tracking, upstream: UpstreamCaller, settings: TrackerSettings, *, sleep: Sleep = anyio.sleep
     ) -> None:
         self.ledger = ledger
         self.upstream = upstream

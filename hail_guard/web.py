@@ -43,6 +43,7 @@ from hail_guard.config import ConsoleSettings, HttpSettings, WebhookSettings
 from hail_guard.console.app import console_routes
 from hail_guard.errors import HailGuardError, WebhookRefused
 from hail_guard.gate import BodyRefused, Gate, read_body
+from hail_guard.ledger import Ledger, Tracking, Upkeep
 from hail_guard.metrics import CONTENT_TYPE, Metrics
 from hail_guard.models import WebhookOutcome
 from hail_guard.server import Proxy, build_server
@@ -60,12 +61,14 @@ def build_http_app(
     proxy: Proxy,
     settings: HttpSettings,
     *,
+    ledger: Ledger,
     metrics: Metrics | None = None,
     hooks: WebhookSettings | None = None,
     warnings: Sequence[str] = (),
     console: ConsoleSettings | None = None,
 ) -> Starlette:
-    """The ASGI app; `metrics` is the one `proxy` reports to (see `open_proxy`), else a fresh one.
+    """The ASGI app over `proxy` and the `ledger` it was given (the webhooks, the probes and the console use it);
+    `metrics` is the one `proxy` reports to (see `open_proxy`), else a fresh one.
     `warnings` (a missing Hail token) are shown by `/readyz`; they do not make it fail. The operator
     console is mounted at `/console` (`hail_guard.console`), with its own sign-in and checks."""
     metrics = metrics or Metrics()
@@ -86,7 +89,10 @@ def build_http_app(
             await server.run(read, write, server.create_initialization_options())
 
     async def readyz(request: Request) -> Response:
-        checks = {"ledger": await _ledger_check(proxy), "upstream": "ok" if proxy.upstream.connected else "unreachable"}
+        checks = {
+            "ledger": await _ledger_check(ledger),
+            "upstream": "ok" if proxy.upstream.connected else "unreachable",
+        }
         if (problem := proxy.upstream.sign_in_problem) is not None:  # connected or not, nothing can be sent
             checks |= {"upstream": "sign_in_required", "detail": problem}
         ready = all(value == "ok" for value in checks.values())
@@ -99,7 +105,7 @@ def build_http_app(
 
     async def metrics_page(request: Request) -> Response:
         try:
-            await metrics.count_operations(proxy.ledger)
+            await metrics.count_operations(ledger)
         except HailGuardError as exc:
             log.warning("metrics_ledger_unavailable", error=str(exc))
         return Response(metrics.render(), media_type=CONTENT_TYPE)
@@ -124,11 +130,11 @@ def build_http_app(
         Route("/healthz", _healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_page, methods=["GET"]),
-        Route(WEBHOOK_PATH, _webhook_endpoint(proxy, settings, hooks, metrics), methods=["POST"]),
+        Route(WEBHOOK_PATH, _webhook_endpoint(ledger, settings, hooks, metrics), methods=["POST"]),
         Route(MCP_PATH, StreamableHTTPASGIApp(manager)),
         Route(SSE_PATH, _Asgi(sse_session), methods=["GET"]),
         Mount(MESSAGES_PATH, app=sse.handle_post_message),
-        console_routes(proxy, console or ConsoleSettings(), settings),
+        console_routes(ledger, proxy, console or ConsoleSettings(), settings),
     ]
     if settings.bearer_token() is None:
         log.warning("http_auth_disabled", message="MCP requests are not authenticated: set a token (loopback only)")
@@ -140,7 +146,7 @@ def build_http_app(
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def _webhook_endpoint(proxy: Proxy, http: HttpSettings, hooks: WebhookSettings, metrics: Metrics) -> Endpoint:
+def _webhook_endpoint(ledger: Tracking, http: HttpSettings, hooks: WebhookSettings, metrics: Metrics) -> Endpoint:
     """`POST /webhooks/hail`: verify, record once, answer (see the module docstring)."""
 
     def answer(status: int, outcome: str, message: str, *, close: bool = False) -> Response:
@@ -151,7 +157,7 @@ def _webhook_endpoint(proxy: Proxy, http: HttpSettings, hooks: WebhookSettings, 
     async def kept_for_review(refused: webhooks.UnreadableOptOut) -> Response:
         """An opt-out nobody can be suppressed by: kept (without it), logged as an error, refused (422)."""
         try:
-            await proxy.ledger.record_webhook(refused.webhook)
+            await ledger.record_webhook(refused.webhook)
         except HailGuardError as exc:
             log.error("webhook_not_recorded", error=str(exc))
             return answer(503, "unrecorded", "the ledger could not record it; retry later")
@@ -170,7 +176,7 @@ def _webhook_endpoint(proxy: Proxy, http: HttpSettings, hooks: WebhookSettings, 
             hook = webhooks.receive(
                 secret, body, request.headers, now=time.time(), tolerance_seconds=hooks.tolerance_seconds
             )
-            outcome = await proxy.ledger.record_webhook(hook)
+            outcome = await ledger.record_webhook(hook)
         except webhooks.UnreadableOptOut as exc:
             return await kept_for_review(exc)
         except WebhookRefused as exc:
@@ -198,12 +204,12 @@ async def _healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-async def _ledger_check(proxy: Proxy) -> str:
+async def _ledger_check(ledger: Upkeep) -> str:
     """`ok` when the ledger answers and takes a write (expiring leases is one), else why not."""
     try:
         with anyio.fail_after(READY_PROBE_SECONDS):
-            await proxy.ledger.now()
-            await proxy.ledger.expire_leases()
+            await ledger.now()
+            await ledger.expire_leases()
     except TimeoutError:
         return "timeout"
     except Exception as exc:  # a probe's boundary: any failure means "not ready", logged

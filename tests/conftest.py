@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import pytest
 from mcp import Client, types
 
+from hail_guard.app import Opened
 from hail_guard.guard import GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.lifecycle import is_legal
@@ -116,6 +117,10 @@ class Harness:
     async def call(self, tool: str, arguments: dict[str, Any], mode: str = "legacy") -> types.CallToolResult:
         async with self.client(mode) as client:
             return await client.call_tool(tool, arguments)
+
+    def opened(self) -> Opened:
+        """The harness's parts as `app.open_proxy` gives them to the edge."""
+        return Opened(self.ledger, self.proxy.upstream, self.proxy)
 
 
 @asynccontextmanager

@@ -44,7 +44,7 @@ def console_site(harness: Harness, **console: object) -> Starlette:
     """What `serve --transport http` mounts, alone: the console at /console, agents' token configured."""
     settings = ConsoleSettings.model_validate({"token_env": OPERATOR_ENV, **console})
     http = HttpSettings(token=SecretStr(AGENT_TOKEN), token_env="HAIL_GUARD_TEST_NO_SUCH_VARIABLE")
-    return Starlette(routes=[console_routes(harness.proxy, settings, http)])
+    return Starlette(routes=[console_routes(harness.ledger, harness.proxy, settings, http)])
 
 
 def console_state(site: Starlette) -> Console:

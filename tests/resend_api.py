@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from hail_guard.sandbox.http import serve_http
+from hail_guard.sandbox.http import serve_app
 
 Fault = Literal["hang_after_accept", "error_after_accept", "rate_limit"]
 
@@ -70,10 +70,7 @@ class ResendApi:
 
     # The HTTP side.
 
-    def server(self) -> Any:
-        raise NotImplementedError("the fake Resend API is HTTP only")
-
-    def http_app(self, token: str | None = None, oauth: Any = None) -> Starlette:
+    def http_app(self) -> Starlette:
         return Starlette(
             routes=[
                 Route("/emails", self._send_email, methods=["POST"]),
@@ -199,7 +196,7 @@ def _error(status: int, name: str, message: str) -> JSONResponse:
 async def serving(api: ResendApi) -> AsyncIterator[str]:
     """Serve `api` on a free loopback port while the block runs; yields its base URL (no trailing slash)."""
     async with anyio.create_task_group() as tg:
-        url = await tg.start(serve_http, api, "127.0.0.1", 0, None)
+        url = await tg.start(serve_app, api.http_app(), "127.0.0.1", 0)
         try:
             yield str(url).rstrip("/")
         finally:

@@ -87,7 +87,7 @@ async def polled(tmp_path: Path) -> AsyncIterator[tuple[Harness, Tracker, Manual
     sandbox = Sandbox(clock=clock, sleep=clock.sleep, delivery_delay_seconds=STEP_SECONDS)
     async with open_harness(tmp_path, sandbox=sandbox) as harness:
         settings = TrackerSettings(interval_seconds=STEP_SECONDS, first_backoff_seconds=0.0, timeout_seconds=5.0)
-        yield harness, Tracker(harness.ledger, harness.proxy.guard.upstream, settings, sleep=clock.sleep), clock
+        yield harness, Tracker(harness.ledger, harness.proxy.upstream, settings, sleep=clock.sleep), clock
 
 
 async def send(harness: Harness, tool: str, arguments: dict[str, Any]) -> str:
@@ -154,9 +154,9 @@ async def test_a_delayed_email_is_tracked_through_the_delay_to_delivered(tmp_pat
 async def test_the_app_tracks_beside_serve_and_worker_unless_switched_off(tmp_path: Path) -> None:
     async with open_harness(tmp_path) as harness:
         off = Settings.model_validate({"delivery": {"poll": False}})
-        async with app.tracking(off, harness.proxy) as none:
+        async with app.tracking(off, harness.opened()) as none:
             assert none is None
-        async with app.tracking(Settings(), harness.proxy) as tracker:
+        async with app.tracking(Settings(), harness.opened()) as tracker:
             assert tracker is not None
             with anyio.fail_after(10):
                 await tracker.wait_for_rounds(1)
@@ -166,5 +166,5 @@ async def test_the_app_tracks_beside_serve_and_worker_unless_switched_off(tmp_pa
 async def test_an_error_in_the_tracked_block_comes_out_as_raised_not_in_a_group(tmp_path: Path) -> None:
     async with open_harness(tmp_path) as harness:
         with pytest.raises(LedgerUnavailable, match="disk full"):
-            async with app.tracking(Settings(), harness.proxy):
+            async with app.tracking(Settings(), harness.opened()):
                 raise LedgerUnavailable("disk full")

@@ -29,6 +29,7 @@ from mcp import Client, types
 from structlog.testing import capture_logs
 
 from hail_guard import app
+from hail_guard.app import Opened
 from hail_guard.cli import main
 from hail_guard.config import load_settings
 from hail_guard.errors import ConfigError, HailGuardError, SignInRequired
@@ -90,14 +91,14 @@ async def upstream_signed_in(hail: Hail, sign_in: SignIn) -> AsyncIterator[Upstr
 
 
 @asynccontextmanager
-async def proxy_signed_in(hail: Hail, sign_in: SignIn, tmp_path: Path) -> AsyncIterator[Proxy]:
+async def proxy_signed_in(hail: Hail, sign_in: SignIn, tmp_path: Path) -> AsyncIterator[Opened]:
     async with (
         open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger,
         upstream_signed_in(hail, sign_in) as upstream,
     ):
         proxy = Proxy(ledger, upstream, GuardSettings(timeout_seconds=5))
         await proxy.refresh_tools()
-        yield proxy
+        yield Opened(ledger, upstream, proxy)
 
 
 async def agent_call(proxy: Proxy, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
@@ -212,7 +213,8 @@ async def test_a_401_is_renewed_once_and_the_send_goes_through_exactly_once(tmp_
     async with hosted_hail() as hail:
         store = TokenStore(hail.url, tmp_path / "signin")
         await login(store, show=hail.show)
-        async with proxy_signed_in(hail, SignIn(store), tmp_path) as proxy:
+        async with proxy_signed_in(hail, SignIn(store), tmp_path) as signed:
+            proxy = signed.proxy
             hail.clock.advance(31 * 24 * 3600)  # Hail's 30-day token is over; hail-guard's clock does not know
             sent = await agent_call(proxy, "send_email", email())
     assert data(sent)["hail_guard"]["state"] == "accepted"
@@ -226,16 +228,17 @@ async def test_a_revoked_grant_sends_nothing_and_names_the_fix_until_an_operator
     async with hosted_hail() as hail:
         store = TokenStore(hail.url, tmp_path / "signin")
         await login(store, show=hail.show)
-        async with proxy_signed_in(hail, SignIn(store), tmp_path) as proxy:
+        async with proxy_signed_in(hail, SignIn(store), tmp_path) as signed:
+            proxy = signed.proxy
             hail.auth.revoke_all()
             first = await agent_call(proxy, "send_email", email())
             second = await agent_call(proxy, "send_email", email(to=["lead2@example.com"], metadata=lead("l2")))
-            problem, ready = proxy.upstream.sign_in_problem, await readiness(proxy)
-            [operation] = await proxy.guard.ledger.list_operations()
+            problem, ready = proxy.upstream.sign_in_problem, await readiness(signed)
+            [operation] = await signed.ledger.list_operations()
 
             await login(store, show=hail.show)  # an operator signs in again; nothing is restarted
             third = await agent_call(proxy, "send_email", email(to=["lead3@example.com"], metadata=lead("l3")))
-            ready_again = await readiness(proxy)
+            ready_again = await readiness(signed)
 
     assert operation.state is State.READY  # recorded before the refusal; the worker sends it later
     assert data(first)["hail_guard"]["state"] == "ready"
@@ -253,8 +256,9 @@ def lead(lead_id: str) -> dict[str, str]:
     return {"campaign_id": "c1", "lead_id": lead_id, "message_id": "intro"}
 
 
-async def readiness(proxy: Proxy) -> httpx2.Response:
-    transport = httpx2.ASGITransport(app=build_http_app(proxy, load_settings(environ={}).http))
+async def readiness(signed: Opened) -> httpx2.Response:
+    app = build_http_app(signed.proxy, load_settings(environ={}).http, ledger=signed.ledger)
+    transport = httpx2.ASGITransport(app=app)
     async with httpx2.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
         return await http.get("/readyz")
 
@@ -443,7 +447,8 @@ async def test_no_token_appears_in_the_logs_the_ledger_or_an_export(
         store = TokenStore(hail.url, tmp_path / "signin")
         record = await login(store, show=hail.show, clock=now)
         answers = []
-        async with proxy_signed_in(hail, SignIn(store, clock=now), tmp_path) as proxy:
+        async with proxy_signed_in(hail, SignIn(store, clock=now), tmp_path) as signed:
+            proxy = signed.proxy
             answers.append(await agent_call(proxy, "send_email", email()))
             assert record.expires_at is not None
             now.offset = record.expires_at - time.time()  # renewed before the next send

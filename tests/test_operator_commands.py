@@ -318,7 +318,7 @@ async def conflicted(harness: Harness) -> str:
     """A send whose key Hail holds for another message: needs_review on the first attempt. (Its subject differs:
     a message to the same recipient with the same subject since would be taken for this one, and not resent.)"""
     other = {**email(subject="An older draft", body_text="An older draft"), "idempotency_key": "c1:l1:email:intro"}
-    await harness.proxy.guard.upstream.call_tool("send_email", other)
+    await harness.proxy.upstream.call_tool("send_email", other)
     view = data(await harness.call("send_email", email()))["hail_guard"]
     assert view["state"] == "needs_review"
     operation_id: str = view["operation_id"]

@@ -168,7 +168,7 @@ async def test_a_batch_run_and_a_worker_beat_while_they_send_and_take_their_beat
         await harness.call("plan_batch", {"sends": more})
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
-            tg.start_soon(partial(run_worker, harness.proxy.guard, concurrency=1, stop=stop))
+            tg.start_soon(partial(run_worker, harness.proxy.guard, harness.ledger, concurrency=1, stop=stop))
             with anyio.fail_after(10):
                 await harness.sandbox.wait_for_outbox(4)
             [beat] = await harness.ledger.heartbeats()

@@ -128,7 +128,9 @@ async def test_an_operator_resend_of_a_keyless_post_in_review_posts_it_once(tmp_
     async with rig(tmp_path, *chat(), "post_message:1:delay:5000") as r:
         lost = await r.call("post_message", {"channel": "#ops", "text": "Paging on-call"})
         await r.reconcile()
-        resent = await review.resend(r.proxy.guard, guard_view(lost)["operation_id"], reason="never left", actor="op")
+        resent = await review.resend(
+            r.ledger, r.proxy.guard, guard_view(lost)["operation_id"], reason="never left", actor="op"
+        )
         assert resent.state is State.ACCEPTED
         assert resent.provider_id == r.fake.outbox[0]["id"]
         assert [entry["request"] for entry in r.fake.outbox] == [{"channel": "#ops", "text": "Paging on-call"}]

@@ -244,7 +244,7 @@ async def test_8_review_resend_looks_in_hail_first_and_refuses_a_message_it_has(
 async def test_8_review_resend_sends_when_hail_has_no_such_message(tmp_path: Path) -> None:
     async with open_harness(tmp_path) as harness:
         held = {"to": [BOB], "subject": "Another message", "body_text": "B", "recipient_consent": True}
-        await harness.proxy.guard.upstream.call_tool("send_email", {**held, "idempotency_key": "held"})
+        await harness.proxy.upstream.call_tool("send_email", {**held, "idempotency_key": "held"})
         conflicted = view(await harness.call("send_email", {**message(), "idempotency_key": "held"}))
         assert conflicted["state"] == "needs_review"  # Hail holds the key for another message
         harness.proxy.expose_review = True

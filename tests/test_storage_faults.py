@@ -226,9 +226,9 @@ async def test_on_a_read_only_ledger_hail_guard_refuses_to_start_or_to_send_sayi
             pass  # the ledger is created and migrated, then closed
         storage.inflict()
         try:
-            async with open_proxy(settings) as proxy:
+            async with open_proxy(settings) as opened:
                 with capture_logs() as logs:
-                    refused = await proxy.call("send_email", email())
+                    refused = await opened.proxy.call("send_email", email())
                 assert text(refused) == LEDGER_UNAVAILABLE
                 [failed] = [entry for entry in logs if entry["event"] == "call_failed"]
                 assert "is read-only: make the file and its folder writable" in failed["error"]

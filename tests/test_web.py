@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 from starlette.types import Receive, Scope, Send
 
-from hail_guard.app import serve_http, serve_http_until_signalled
+from hail_guard.app import Opened, serve_http, serve_http_until_signalled
 from hail_guard.config import HttpSettings, LedgerSettings, Settings, UpstreamSettings
 from hail_guard.errors import ConfigError
 from hail_guard.ledger import open_ledger
@@ -75,13 +75,14 @@ class Web:
         await self._stopped.wait()
 
 
-async def instrumented(proxy: Proxy, metrics: Metrics, wrap_upstream: Callable[[Any], Any] | None) -> Proxy:
-    """The harness's proxy, reporting to `metrics` as `open_proxy(metrics=...)` wires it."""
-    upstream = wrap_upstream(proxy.upstream) if wrap_upstream is not None else proxy.upstream
-    ledger, upstream = metrics.timed(proxy.ledger, "ledger"), metrics.timed(upstream, "upstream")
-    wired = Proxy(ledger, upstream, proxy.settings, observer=metrics)
+async def instrumented(harness: Harness, metrics: Metrics, wrap_upstream: Callable[[Any], Any] | None) -> Opened:
+    """The harness's ledger and upstream, and a proxy over them, reporting to `metrics` as `open_proxy(metrics=...)`
+    wires them."""
+    upstream = wrap_upstream(harness.proxy.upstream) if wrap_upstream is not None else harness.proxy.upstream
+    ledger, upstream = metrics.timed(harness.ledger, "ledger"), metrics.timed(upstream, "upstream")
+    wired = Proxy(ledger, upstream, harness.settings, observer=metrics)
     await wired.refresh_tools()
-    return wired
+    return Opened(ledger, upstream, wired)
 
 
 @contextlib.asynccontextmanager
@@ -96,7 +97,8 @@ async def running(
     http = http or http_settings()
     async with open_harness(tmp_path, *faults, **guard) as harness, anyio.create_task_group() as tg:
         metrics = Metrics()
-        app = build_http_app(await instrumented(harness.proxy, metrics, wrap_upstream), http, metrics=metrics)
+        opened = await instrumented(harness, metrics, wrap_upstream)
+        app = build_http_app(opened.proxy, http, ledger=opened.ledger, metrics=metrics)
         scope, stopped = anyio.CancelScope(), anyio.Event()
 
         async def serve(*, task_status: anyio.abc.TaskStatus[str]) -> None:
@@ -352,7 +354,7 @@ async def test_readiness_is_503_naming_the_part_that_is_down(tmp_path: Path) -> 
         connect_upstream(target, connect_timeout_seconds=2, heartbeat_seconds=None) as upstream,
     ):
         proxy = Proxy(ledger, upstream)
-        app = build_http_app(proxy, http_settings())
+        app = build_http_app(proxy, http_settings(), ledger=ledger)
         transport = httpx2.ASGITransport(app=app)
         async with httpx2.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             ready = await http.get("/readyz")

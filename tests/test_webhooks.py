@@ -80,7 +80,13 @@ async def receiving(
         anyio.create_task_group() as tg,
     ):
         metrics = Metrics()
-        app = build_http_app(harness.proxy, settings, metrics=metrics, hooks=WebhookSettings(secret_env=SECRET_ENV))
+        app = build_http_app(
+            harness.proxy,
+            settings,
+            ledger=harness.ledger,
+            metrics=metrics,
+            hooks=WebhookSettings(secret_env=SECRET_ENV),
+        )
         scope = anyio.CancelScope()
 
         async def serve(*, task_status: anyio.abc.TaskStatus[str]) -> None:

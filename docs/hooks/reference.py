@@ -6,8 +6,9 @@ settings of `hail_guard.config`, each key's meaning from its docstring, else fro
 config.example.toml), `profile` (the profile model, `hail_guard.profiles.model`), `tools` (the registry,
 `hail_guard.tools.OWN`), `states`, `moves` and `machine` (`hail_guard.lifecycle` and the answers' texts),
 `delivery` (`hail_guard.delivery`), `same_send` (the rules as `hail_guard/same_send.py`'s docstring states
-them). MkDocs runs it as a hook (mkdocs.yml `hooks:`); tests/test_docs.py renders every part too, so a
-change to the code that breaks a part fails the tests, not only the site's build.
+them), `imports` (the import rules, `[tool.importlinter]` in pyproject.toml). MkDocs runs it as a hook
+(mkdocs.yml `hooks:`); tests/test_docs.py renders every part too, so a change to the code that breaks a
+part fails the tests, not only the site's build.
 """
 
 from __future__ import annotations
@@ -406,6 +407,37 @@ def machine() -> str:
     return "```text\n" + textwrap.dedent("\n".join(drawing)) + "\n```"
 
 
+def imports() -> str:
+    """The import rules as pyproject.toml writes them for import-linter (`[tool.importlinter]`), which
+    tests/test_layout.py checks: the layers top to bottom, then each other contract."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    contracts = config["contracts"]
+    [layers] = [contract for contract in contracts if contract["type"] == "layers"]
+    rows = []
+    for layer in layers["layers"]:
+        independent = ":" not in layer
+        parts = [part.strip() for part in layer.replace(":", "|").split("|")]
+        said = "each imports none of the others" if independent and len(parts) > 1 else ""
+        rows.append(
+            (", ".join(f"`{part}`" for part in parts), said or ("may import one another" if len(parts) > 1 else ""))
+        )
+    lines = [f"**{layers['name']}** (top to bottom; a part may import any part in a row below its own):", ""]
+    lines.append(_table(("parts", "within the row"), rows))
+    for contract in contracts:
+        if contract["type"] != "forbidden":
+            continue
+        sources = ", ".join(f"`{_short(name)}`" for name in contract["source_modules"])
+        forbidden = ", ".join(f"`{_short(name)}`" for name in contract["forbidden_modules"])
+        lines += ["", f"**{contract['name']}**: {sources} import none of {forbidden}."]
+    return "\n".join(lines)
+
+
+def _short(module: str) -> str:
+    return module.removeprefix("hail_guard.")
+
+
 def same_send() -> str:
     """The rules of the same send as `hail_guard/same_send.py` states them, its docstring after the first line."""
     from hail_guard import same_send as rules
@@ -423,4 +455,5 @@ PARTS: Mapping[str, Callable[[], str]] = {
     "delivery": delivery,
     "machine": machine,
     "same_send": same_send,
+    "imports": imports,
 }

@@ -111,7 +111,8 @@ async def _batch_plan(args: argparse.Namespace, settings: Settings) -> int:
         return opened[0].guarded_schema(tool)
 
     sends = read_batch_file(args.file, schema_of)  # a missing file is refused before anything connects
-    async with app.open_proxy(settings) as proxy:
+    async with app.open_proxy(settings) as parts:
+        proxy = parts.proxy
         opened.append(proxy)
         batch_id = await proxy.batches.plan(sends, name=args.name, actor=f"operator {getpass.getuser()}")
         status = await proxy.batches.status(batch_id)
@@ -127,16 +128,17 @@ async def _batch_approve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _batch_run(args: argparse.Namespace, settings: Settings) -> int:
-    async with app.open_proxy(settings) as proxy:
-        before = await proxy.batches.status(args.batch_id)  # no batch: an error, and no bar drawn
-        await proxy.upstream.wait_connected()
+    async with app.open_proxy(settings) as opened:
+        batches = opened.proxy.batches
+        before = await batches.status(args.batch_id)  # no batch: an error, and no bar drawn
+        await opened.upstream.wait_connected()
         total = before.counts.get(State.READY, 0) or None
         with progress(f"sending {args.batch_id}", total=total, enabled=not args.no_progress) as advance:
 
             async def sent(done: int, total: int | None) -> None:
                 advance(done, total)
 
-            status = await proxy.batches.run(args.batch_id, concurrency=args.concurrency, progress=sent)
+            status = await batches.run(args.batch_id, concurrency=args.concurrency, progress=sent)
     print_batch(status, wide=args.wide)
     for step in unresolved_steps(status):
         say(("next step", "bold"), ": ", terminal_text(step))
@@ -202,7 +204,7 @@ async def _batch_list(args: argparse.Namespace, settings: Settings) -> int:
 async def _worker(args: argparse.Namespace, settings: Settings) -> int:
     stop = anyio.Event()
     concurrency = args.concurrency or settings.worker.concurrency
-    async with app.open_proxy(settings) as proxy, app.tracking(settings, proxy), anyio.create_task_group() as tg:
+    async with app.open_proxy(settings) as opened, app.tracking(settings, opened), anyio.create_task_group() as tg:
 
         async def on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -216,7 +218,8 @@ async def _worker(args: argparse.Namespace, settings: Settings) -> int:
         tg.start_soon(on_signal)
         log.info("worker_started", concurrency=concurrency, batch=args.batch)
         await run_worker(
-            proxy.guard,
+            opened.proxy.guard,
+            opened.ledger,
             concurrency=concurrency,
             stop=stop,
             batch_id=args.batch,

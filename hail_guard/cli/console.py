@@ -43,8 +43,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     port = settings.console.port if args.port is None else args.port
     http = settings.http.model_copy(update={"host": HOST, "port": port})
     with listening(HOST, port) as sock, anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with app.open_proxy(settings) as proxy, anyio.create_task_group() as tg:
-            console_app = build_console(proxy, settings.console, http)
+        async with app.open_proxy(settings) as opened, anyio.create_task_group() as tg:
+            console_app = build_console(opened.ledger, opened.proxy, settings.console, http)
             console: Console = console_app.state.console
             site = Starlette(routes=[Route("/", _to_console), Mount(MOUNT, app=protected(console_app, http))])
             url = await tg.start(partial(serve_app, site, sock, settings=http))

@@ -113,9 +113,9 @@ def _review_commands(review_queue: Commands) -> None:
 
 
 async def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
-    async with app.open_proxy(settings) as proxy:
-        target = await find_operation(proxy.ledger, args.reference) if args.reference else None
-        settled = await proxy.guard.reconcile(target.id if target is not None else None)
+    async with app.open_proxy(settings) as opened:
+        target = await find_operation(opened.ledger, args.reference) if args.reference else None
+        settled = await opened.proxy.guard.reconcile(target.id if target is not None else None)
     if args.json:
         print(json_text([operation_view(op) for op in settled], indent=2))
     else:
@@ -317,12 +317,13 @@ async def _review_resolve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _review_resend(args: argparse.Namespace, settings: Settings) -> int:
-    async with app.open_proxy(settings) as proxy:
-        operation = await find_operation(proxy.ledger, args.reference)
+    async with app.open_proxy(settings) as opened:
+        operation = await find_operation(opened.ledger, args.reference)
         if operation.state is not State.NEEDS_REVIEW:
             raise policy.not_in_review(operation, "resent")
-        await proxy.upstream.wait_connected()
-        seen = await proxy.guard.look_for(operation)
+        guard = opened.proxy.guard
+        await guard.wait_connected()
+        seen = await guard.look_for(operation)
         print(
             f"looked upstream ({terminal_text(seen.searched)}): {terminal_text(_sighting_text(seen))}", file=sys.stderr
         )
@@ -331,7 +332,7 @@ async def _review_resend(args: argparse.Namespace, settings: Settings) -> int:
         if not args.yes and not await _confirm_resend(operation):
             print("nothing was resent", file=sys.stderr)
             return 1
-        resent = await review.resend(proxy.guard, operation.id, reason=args.reason, actor=args.by)
+        resent = await review.resend(opened.ledger, guard, operation.id, reason=args.reason, actor=args.by)
     key = terminal_text(resent.idempotency_key)
     print(f"{operation.id} resent as {resent.id} (key {key}): {resent.state.value}")
     if resent.state is not State.ACCEPTED:

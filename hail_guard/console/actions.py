@@ -127,7 +127,7 @@ async def resolve(console: Console, session: Session, form: FormData, request: R
     if chosen not in {state.value for state in State}:
         session.notice("error", "choose what became of it: accepted, failed or cancelled; nothing changed")
         return f"{console.base}/review"
-    resolved = await console.proxy.ledger.resolve_review(
+    resolved = await console.ledger.resolve_review(
         operation_id,
         state=State(chosen),
         reason=_text(form, "reason"),
@@ -144,7 +144,9 @@ async def resend(console: Console, session: Session, form: FormData, request: Re
     if _text(form, "confirm") != "yes":
         session.notice("error", "a resend must be confirmed: tick the box that names who gets it; nothing was sent")
         return f"{console.base}/review/{operation_id}/resend"
-    resent = await review.resend(console.proxy.guard, operation_id, reason=_text(form, "reason"), actor=session.name)
+    resent = await review.resend(
+        console.ledger, console.proxy.guard, operation_id, reason=_text(form, "reason"), actor=session.name
+    )
     session.notice("done", f"{operation_id} resent as {resent.id} (key {resent.idempotency_key}): {resent.state.value}")
     return f"{console.base}/operations/{resent.id}"
 
@@ -152,7 +154,7 @@ async def resend(console: Console, session: Session, form: FormData, request: Re
 @operator_action(back="/campaigns/{batch_id}")
 async def approve(console: Console, session: Session, form: FormData, request: Request) -> str:
     batch_id = request.path_params["batch_id"]
-    approved = await console.proxy.ledger.approve_batch(batch_id, actor=session.name)
+    approved = await console.ledger.approve_batch(batch_id, actor=session.name)
     session.notice("done", f"approved {approved} planned send(s) of {batch_id}")
     return f"{console.base}/campaigns/{batch_id}"
 
@@ -160,7 +162,7 @@ async def approve(console: Console, session: Session, form: FormData, request: R
 @operator_action(back="/campaigns/{batch_id}")
 async def cancel_unsent(console: Console, session: Session, form: FormData, request: Request) -> str:
     batch_id = request.path_params["batch_id"]
-    cancelled = await console.proxy.ledger.cancel_batch(batch_id, reason=_text(form, "reason"), actor=session.name)
+    cancelled = await console.ledger.cancel_batch(batch_id, reason=_text(form, "reason"), actor=session.name)
     session.notice("done", f"cancelled {len(cancelled)} unsent send(s) of {batch_id}")
     return f"{console.base}/campaigns/{batch_id}"
 
@@ -168,14 +170,14 @@ async def cancel_unsent(console: Console, session: Session, form: FormData, requ
 @operator_action(back="/opt-outs")
 async def add_opt_out(console: Console, session: Session, form: FormData, request: Request) -> str:
     channel = _text(form, "channel") if _text(form, "channel") in SUPPRESSION_CHANNELS else "all"
-    region = console.proxy.settings.default_region
+    region = console.proxy.region
     shown = normalise_recipient(_text(form, "recipient"), channel, region=region)  # refuses a non-recipient
     reason = _text(form, "reason")
     if not reason:
         session.notice("error", "an opt-out needs a reason; nothing was recorded")
         return f"{console.base}/opt-outs"
     opt_out = Suppression(recipient=shown, channel=channel, reason=reason, source=f"console {session.name}")
-    cancelled = await console.proxy.ledger.add_suppression(opt_out, actor=session.name)
+    cancelled = await console.ledger.add_suppression(opt_out, actor=session.name)
     session.notice("done", f"suppressed {shown} on {channel}; cancelled {len(cancelled)} send(s)")
     return f"{console.base}/opt-outs?{urlencode({'q': shown})}"
 
@@ -185,7 +187,7 @@ async def remove_opt_out(console: Console, session: Session, form: FormData, req
     recipient, channel = _text(form, "recipient"), _text(form, "channel")
     if not _text(form, "reason"):
         session.notice("error", "taking an opt-out back needs a reason (the recipient asked?); nothing changed")
-    elif await console.proxy.ledger.remove_suppression(recipient, channel):
+    elif await console.ledger.remove_suppression(recipient, channel):
         log.info("opt_out_removed", recipient=recipient, channel=channel, by=session.name, reason=_text(form, "reason"))
         session.notice("done", f"removed the opt-out of {recipient} on {channel} ({_text(form, 'reason')})")
     else:
@@ -196,7 +198,7 @@ async def remove_opt_out(console: Console, session: Session, form: FormData, req
 @operator_action(back="/tools")
 async def accept_tools(console: Console, session: Session, form: FormData, request: Request) -> str:
     names = [str(name) for name in form.getlist("tool")]
-    accepted = await console.proxy.ledger.accept_tools(names or None)
+    accepted = await console.ledger.accept_tools(names or None)
     session.notice("done", f"accepted {len(accepted)} changed tool(s): {', '.join(accepted) or 'none'}")
     return f"{console.base}/tools"
 

@@ -23,6 +23,7 @@ from hail_guard.console import actions, chart, pages
 from hail_guard.console.auth import Operators
 from hail_guard.console.context import MOUNT, Console, age, breakable, readable_times, when
 from hail_guard.gate import allowed_hosts, browser_refusal
+from hail_guard.ledger import Ledger
 from hail_guard.server import Proxy
 
 CSP = (
@@ -38,8 +39,9 @@ _HEADERS = {
 }
 
 
-def build_console(proxy: Proxy, settings: ConsoleSettings, http: HttpSettings) -> Starlette:
-    """The console app, to be mounted at `/console`; `http` gives the allowed hosts and origins."""
+def build_console(ledger: Ledger, proxy: Proxy, settings: ConsoleSettings, http: HttpSettings) -> Starlette:
+    """The console app over `ledger` and `proxy` (its guard, batches and upstream), to be mounted at `/console`;
+    `http` gives the allowed hosts and origins."""
     templates = jinja2.Environment(
         loader=jinja2.PackageLoader("hail_guard.console", "templates"),
         autoescape=True,
@@ -49,7 +51,7 @@ def build_console(proxy: Proxy, settings: ConsoleSettings, http: HttpSettings) -
     templates.filters["age"] = age
     templates.filters["readable"] = readable_times
     templates.filters["breakable"] = breakable
-    operators = Operators(settings, proxy.ledger, agent_token=http.bearer_token())
+    operators = Operators(settings, ledger, agent_token=http.bearer_token())
     routes = [
         *pages.ROUTES,
         *actions.ROUTES,
@@ -57,7 +59,7 @@ def build_console(proxy: Proxy, settings: ConsoleSettings, http: HttpSettings) -
         Mount("/static", app=StaticFiles(packages=[("hail_guard.console", "static")]), name="static"),
     ]
     app = Starlette(routes=routes, middleware=[])
-    app.state.console = Console(proxy, operators, templates)
+    app.state.console = Console(ledger, proxy, operators, templates)
     return app
 
 
@@ -103,6 +105,6 @@ def _with_headers(response: Response) -> Response:
     return response
 
 
-def console_routes(proxy: Proxy, settings: ConsoleSettings, http: HttpSettings) -> Mount:
+def console_routes(ledger: Ledger, proxy: Proxy, settings: ConsoleSettings, http: HttpSettings) -> Mount:
     """The console mounted at `/console`, behind its checks: what `web` adds beside `/mcp`."""
-    return Mount(MOUNT, app=protected(build_console(proxy, settings, http), http))
+    return Mount(MOUNT, app=protected(build_console(ledger, proxy, settings, http), http))

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from hail_guard.config import ConsoleSettings
 from hail_guard.errors import ConfigError
 from hail_guard.gate import RateLimiter
-from hail_guard.ledger import Ledger
+from hail_guard.ledger import Sessions
 
 SESSION_COOKIE = "hg_console"
 LOGIN_COOKIE = "hg_console_login"
@@ -71,7 +71,7 @@ class Session:
 class Operators:
     """The console's sign-ins: the token check, sessions (kept in the ledger), one-time links, the rate limit."""
 
-    def __init__(self, settings: ConsoleSettings, ledger: Ledger, *, agent_token: str | None) -> None:
+    def __init__(self, settings: ConsoleSettings, ledger: Sessions, *, agent_token: str | None) -> None:
         self.token = settings.operator_token()
         if self.token is not None and agent_token is not None and hmac.compare_digest(self.token, agent_token):
             raise ConfigError(

@@ -15,6 +15,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from hail_guard.console import reads
 from hail_guard.console.auth import NOTICE_COOKIE, SESSION_COOKIE, Operators, Session, read_notices
+from hail_guard.ledger import Ledger
 from hail_guard.server import Proxy
 
 MOUNT = "/console"
@@ -24,8 +25,10 @@ HTMX = "htmx-2.0.11.min.js"
 
 @dataclass
 class Console:
-    """What every handler needs: the proxy (ledger, guard, upstream), the sign-ins and the templates."""
+    """What every handler needs: the ledger, the proxy (its guard, batches and upstream), the sign-ins and the
+    templates."""
 
+    ledger: Ledger
     proxy: Proxy
     operators: Operators
     templates: jinja2.Environment

@@ -102,7 +102,7 @@ def _https(request: Request) -> bool:
 
 @operator_page
 async def overview(request: Request, console: Console, session: Session) -> Response:
-    data = await reads.overview(console.proxy)
+    data = await reads.overview(console.ledger, console.proxy.upstream)
     return console.render(
         request,
         "overview.html",
@@ -115,7 +115,7 @@ async def overview(request: Request, console: Console, session: Session) -> Resp
 
 @operator_page
 async def review_queue(request: Request, console: Console, session: Session) -> Response:
-    ledger = console.proxy.ledger
+    ledger = console.ledger
     await ledger.expire_leases()
     after = request.query_params.get("after")
     waiting = await ledger.search_operations(state=State.NEEDS_REVIEW, after=after, limit=PAGE)
@@ -133,12 +133,12 @@ async def review_queue(request: Request, console: Console, session: Session) -> 
 @operator_page
 async def resend_confirmation(request: Request, console: Console, session: Session) -> Response:
     """Names the recipient and the new key, and what a look in Hail found, before anything is sent."""
-    proxy = console.proxy
-    operation = await proxy.ledger.get(request.path_params["operation_id"])
+    operation = await console.ledger.get(request.path_params["operation_id"])
     if operation.state is not State.NEEDS_REVIEW:
         raise policy.not_in_review(operation, "resent")
-    await proxy.upstream.wait_connected()
-    seen = await proxy.guard.look_for(operation)
+    guard = console.proxy.guard
+    await guard.wait_connected()
+    seen = await guard.look_for(operation)
     return console.render(
         request,
         "resend.html",
@@ -152,7 +152,7 @@ async def resend_confirmation(request: Request, console: Console, session: Sessi
 
 @operator_page
 async def campaigns(request: Request, console: Console, session: Session) -> Response:
-    batches = await console.proxy.ledger.list_batches(after=request.query_params.get("after"), limit=PAGE)
+    batches = await console.ledger.list_batches(after=request.query_params.get("after"), limit=PAGE)
     shown = [(batch, chart.stacked(batch.counts, width=240)) for batch in batches]
     next_after = batches[-1].batch_id if len(batches) == PAGE else None
     return console.render(request, "campaigns.html", session, batches=shown, next_after=next_after)
@@ -170,7 +170,7 @@ async def campaign_progress(request: Request, console: Console, session: Session
 
 
 async def _campaign(console: Console, request: Request) -> dict[str, Any]:
-    ledger = console.proxy.ledger
+    ledger = console.ledger
     await ledger.expire_leases()
     status = await console.proxy.batches.status(request.path_params["batch_id"])
     live = bool(status.counts.get(State.READY) or status.counts.get(State.SENDING))
@@ -220,7 +220,7 @@ def _moment(text: str) -> datetime:
 
 @operator_page
 async def operations(request: Request, console: Console, session: Session) -> Response:
-    ledger = console.proxy.ledger
+    ledger = console.ledger
     await ledger.expire_leases()
     filters = _filters(request)
     found = await ledger.search_operations(**filters, after=request.query_params.get("after"), limit=PAGE)
@@ -243,7 +243,7 @@ async def export(request: Request, console: Console, session: Session) -> Respon
     kind = request.path_params["kind"]
     if kind not in ("csv", "jsonl"):
         raise NotFound(f"no export as {kind}: choose csv or jsonl")
-    ledger, filters = console.proxy.ledger, _filters(request)
+    ledger, filters = console.ledger, _filters(request)
 
     async def rows() -> AsyncIterator[str]:
         after: str | None = None
@@ -270,7 +270,7 @@ def _csv(shown: list[dict[str, Any]], *, header: bool) -> str:
 
 @operator_page
 async def operation(request: Request, console: Console, session: Session) -> Response:
-    ledger = console.proxy.ledger
+    ledger = console.ledger
     await ledger.expire_leases()
     found = await ledger.get(request.path_params["operation_id"])
     return console.render(
@@ -288,7 +288,7 @@ async def operation(request: Request, console: Console, session: Session) -> Res
 
 @operator_page
 async def opt_outs(request: Request, console: Console, session: Session) -> Response:
-    ledger = console.proxy.ledger
+    ledger = console.ledger
     search = (request.query_params.get("q") or "").strip()
     after_recipient, _, after_channel = (request.query_params.get("after") or "").partition("\n")
     after = (after_recipient, after_channel) if after_recipient else None
@@ -309,14 +309,14 @@ async def opt_outs(request: Request, console: Console, session: Session) -> Resp
 @operator_page
 async def tools(request: Request, console: Console, session: Session) -> Response:
     proxy = console.proxy
-    changes = await reads.tool_changes(proxy.ledger)
+    changes = await reads.tool_changes(console.ledger)
     return console.render(
         request,
         "tools.html",
         session,
         changes=changes,
         connected=proxy.upstream.connected,
-        profile=proxy.settings.profile.name,
+        profile=proxy.profile.name,
         guarded=sorted(proxy.guarded),
     )
 

@@ -18,10 +18,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hail_guard.batch import STALE_SECONDS, sender_name
-from hail_guard.ledger import Heartbeat, Ledger
+from hail_guard.ledger import Heartbeat, Heartbeats, Ledger, Overview, ToolPins, Tracking
 from hail_guard.lifecycle import OPEN, STATES
 from hail_guard.models import DeliveryState, Event, HourOfSends, Operation, State, ToolPin
-from hail_guard.server import Proxy
+from hail_guard.server import UpstreamTools
 
 WEEK_HOURS = 7 * 24
 OPEN_STATES = tuple(state for state in STATES if state in OPEN)
@@ -55,7 +55,7 @@ def outcomes(hours: list[HourOfSends]) -> tuple[int, list[Outcome]]:
     return accepted, found
 
 
-async def week_of_sends(ledger: Ledger, now: datetime) -> tuple[list[tuple[datetime, int]], list[HourOfSends]]:
+async def week_of_sends(ledger: Overview, now: datetime) -> tuple[list[tuple[datetime, int]], list[HourOfSends]]:
     """(each hour of the last week with its sends, oldest first, the current hour last; the last day's hours
     that had sends, in detail): one read of the counts the ledger keeps (`Ledger.sends_by_hour`)."""
     current = now.replace(minute=0, second=0, microsecond=0)
@@ -83,7 +83,7 @@ def sender(beat: Heartbeat, now: datetime) -> Sender:
     return Sender(sender_name(beat.who), beat.role, beat.batch_id, beat.started_at, beat.seen_at, stale)
 
 
-async def senders(ledger: Ledger, now: datetime, batch_id: str | None = None) -> list[Sender]:
+async def senders(ledger: Heartbeats, now: datetime, batch_id: str | None = None) -> list[Sender]:
     """Who is sending (from `batch_id`: those sending it, or every batch), live ones first."""
     beats = [beat for beat in await ledger.heartbeats() if batch_id is None or beat.batch_id in (None, batch_id)]
     return sorted((sender(beat, now) for beat in beats), key=lambda found: found.stale)
@@ -96,8 +96,7 @@ def current_error(operation: Operation) -> str | None:
     return None if operation.state in (State.ACCEPTED, State.CANCELLED) else operation.last_error
 
 
-async def overview(proxy: Proxy) -> dict[str, Any]:
-    ledger = proxy.ledger
+async def overview(ledger: Ledger, upstream: UpstreamTools) -> dict[str, Any]:
     await ledger.expire_leases()  # what the operator sees is what is true now
     now = await ledger.now()
     week, day = await week_of_sends(ledger, now)
@@ -116,8 +115,8 @@ async def overview(proxy: Proxy) -> dict[str, Any]:
         "week": week,
         "accepted_day": accepted,
         "outcomes": delivery,
-        "connected": proxy.upstream.connected,
-        "sign_in_problem": proxy.upstream.sign_in_problem,
+        "connected": upstream.connected,
+        "sign_in_problem": upstream.sign_in_problem,
         "changed_tools": [pin.name for pin in pins if pin.changed],
         "tools": len(pins),
         "senders": await senders(ledger, now),
@@ -137,7 +136,7 @@ def summary(operation: Operation) -> list[tuple[str, str]]:
     return shown
 
 
-async def timeline(ledger: Ledger, operation: Operation) -> list[dict[str, Any]]:
+async def timeline(ledger: Tracking, operation: Operation) -> list[dict[str, Any]]:
     """Everything that happened to an operation, oldest first: state moves, decisions, delivery."""
     moves = [
         {"at": e.at, "kind": "decision" if _decided(e) else "state", "what": _move(e), "who": sender_name(e.actor),
@@ -175,7 +174,7 @@ class ToolChange:
     """Unified diff of the accepted definition against the current one; empty when either was not kept."""
 
 
-async def tool_changes(ledger: Ledger) -> list[ToolChange]:
+async def tool_changes(ledger: ToolPins) -> list[ToolChange]:
     pins = await ledger.tool_pins()
     wanted = [fp for pin in pins if pin.changed for fp in (pin.accepted_fingerprint, pin.fingerprint)]
     known = await ledger.tool_definitions(wanted) if wanted else {}

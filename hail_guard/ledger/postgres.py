@@ -40,9 +40,10 @@ import structlog
 
 from hail_guard import policy, recipients, same_send
 from hail_guard.errors import HailGuardError, LeaseLost, LedgerError, LedgerUnavailable
-from hail_guard.ledger import Begin, backfill, core, planning, reads, sql
+from hail_guard.ledger import backfill, core, planning, reads, sql
 from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, Row, Work
 from hail_guard.ledger.postgres_errors import describe, errors_mapped
+from hail_guard.ledger.roles import Begin
 from hail_guard.models import Intent, Operation, Outcome, State
 from hail_guard.same_send import Candidates, Rules
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from hail_guard import policy, recipients
 from hail_guard.errors import BadInput, NotFound
-from hail_guard.ledger import ConsoleSession, Heartbeat
 from hail_guard.ledger.core import LedgerCore, Row, Tx, as_time, batch_name, cancel_pending, epoch, operation_of
+from hail_guard.ledger.roles import ConsoleSession, Heartbeat
 from hail_guard.models import BatchSummary, DeliveryState, HourOfSends, Operation, State, Suppression
 
 _LAST_CHARACTER = "\U0010ffff"

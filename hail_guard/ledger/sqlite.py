@@ -37,8 +37,9 @@ import structlog
 
 from hail_guard import policy, recipients, same_send
 from hail_guard.errors import HailGuardError, LeaseLost, LedgerUnavailable
-from hail_guard.ledger import Begin, backfill, core, planning, reads, sql
+from hail_guard.ledger import backfill, core, planning, reads, sql
 from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, Row, Tx, Work, must_row
+from hail_guard.ledger.roles import Begin
 from hail_guard.ledger.sqlite_file import (
     backup_file,
     create_private,

@@ -236,14 +236,28 @@ async def serve_http(
     oauth: AuthorizationServer | None = None,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve `sandbox` until cancelled; `tg.start(serve_http, ...)` returns the URL once it listens.
+    """Serve `sandbox` (`build_http_app`) until cancelled; `tg.start(serve_http, ...)` returns the URL once it
+    listens. Port 0 picks a free port."""
+    auth = "oauth" if oauth is not None else "bearer" if token else "none"
+    await serve_app(build_http_app(sandbox, token, oauth), host, port, auth=auth, task_status=task_status)
+
+
+async def serve_app(
+    app: ASGIApp,
+    host: str,
+    port: int,
+    *,
+    auth: str = "none",
+    task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve a fake's ASGI `app` until cancelled; `tg.start(serve_app, ...)` returns the URL once it listens.
 
     Port 0 picks a free port. On cancellation uvicorn shuts down gracefully (bounded); signals are
     left alone (the CLI handles them).
     """
     started = anyio.Event()
     config = uvicorn.Config(
-        _signalling_startup(build_http_app(sandbox, token, oauth), started),
+        _signalling_startup(app, started),
         log_config=None,
         lifespan="on",
         server_header=False,
@@ -269,7 +283,6 @@ async def serve_http(
                 await started.wait()
                 if stopped.is_set():
                     raise RuntimeError(f"the sandbox HTTP server at {url} stopped while starting")
-                auth = "oauth" if oauth is not None else "bearer" if token else "none"
                 log.info("sandbox_listening url=%s auth=%s", url, auth)
                 task_status.started(url)
                 await stopped.wait()
