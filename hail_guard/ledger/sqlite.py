@@ -395,7 +395,7 @@ def _candidates(db: sqlite3.Connection, intent: Intent, rules: Rules) -> Candida
 
 
 def _record_outcome(db: sqlite3.Connection, operation_id: str, owner: str, outcome: Outcome, actor: str) -> Operation:
-    before = _must(db, operation_id)
+    before = State(must_row(_fetch(db, "state_of", (operation_id,)), operation_id)["state"])
     if outcome.state is State.ACCEPTED and outcome.provider_id is not None:
         holder = _fetch(db, "provider_id_holder", (outcome.provider_id, operation_id))
         if holder:
@@ -403,10 +403,10 @@ def _record_outcome(db: sqlite3.Connection, operation_id: str, owner: str, outco
     recorded = _fetch(db, "record_outcome", (*core.outcome_values(outcome), operation_id, owner))
     if not recorded:
         raise LeaseLost(
-            f"operation {operation_id} is no longer ours to record (state {before.state.value}, "
+            f"operation {operation_id} is no longer ours to record (state {before.value}, "
             f"claimed by another worker); its outcome was not overwritten"
         )
-    _event(db, operation_id, before.state, outcome.state, actor, outcome.reason)
+    _event(db, operation_id, before, outcome.state, actor, outcome.reason)
     operation = core.operation_of(recorded[0])
     if outcome.provider_id is not None:
         parked = _fetch(db, "parked_webhooks", (outcome.provider_id, core.PARKED_WEBHOOK_SECONDS))
