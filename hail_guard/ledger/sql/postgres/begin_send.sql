@@ -34,7 +34,7 @@ LANGUAGE sql STABLE AS $$
     SELECT o.* FROM operations o
     WHERE o.state IN {holding} AND (
         (o.channel = p_channel AND o.id IN (
-            SELECT r.operation_id FROM operation_recipients r WHERE r.recipient = ANY (p_keys)))
+            SELECT r.operation_id FROM operation_recipients r WHERE r.recipient COLLATE "C" = ANY (p_keys)))
         OR o.lead = p_lead)
     ORDER BY o.created_at, o.seq LIMIT 5
 $$;
@@ -114,7 +114,8 @@ BEGIN
         END IF;
         IF p_near AND EXISTS (  -- another message the recipients have, that the caller has not compared
             SELECT 1 FROM operations o
-            WHERE o.id IN (SELECT r.operation_id FROM operation_recipients r WHERE r.recipient = ANY (p_recipient_keys))
+            WHERE o.id IN (
+                SELECT r.operation_id FROM operation_recipients r WHERE r.recipient COLLATE "C" = ANY (p_recipient_keys))
               AND o.channel = p_channel AND o.content_fingerprint <> p_content_fingerprint
               AND o.idempotency_key <> p_key AND NOT (o.id = ANY (COALESCE(p_compared, '{}')))
               AND (o.state IN {waiting}
@@ -124,7 +125,8 @@ BEGIN
         ) THEN
             RETURN QUERY
             SELECT 'near'::text, o FROM operations o
-            WHERE o.id IN (SELECT r.operation_id FROM operation_recipients r WHERE r.recipient = ANY (p_recipient_keys))
+            WHERE o.id IN (
+                SELECT r.operation_id FROM operation_recipients r WHERE r.recipient COLLATE "C" = ANY (p_recipient_keys))
               AND o.channel = p_channel AND o.content_fingerprint <> p_content_fingerprint
               AND o.idempotency_key <> p_key
               AND (o.state IN {waiting}

@@ -8,7 +8,8 @@
 -- transaction is committing, so each candidate's recipients are locked first (hg_lock_key, as hg_begin_send locks
 -- them; a try: a lock someone holds means that recipient is being sent to right now, and the candidate is left for a
 -- later claim), and the hold is checked again in a statement of its own, which sees what committed before it.
--- Returns the operations claimed, oldest first.
+-- Returns the operations claimed, oldest first. `hg_claim_ready_for` claims for several owners at once (the group
+-- commit of concurrent claims, postgres_group.py): one statement, the same locks and checks for each claim.
 DROP FUNCTION IF EXISTS hg_claim_ready(text, float8, integer, text, text, text, boolean);
 
 CREATE OR REPLACE FUNCTION hg_claim_one(
@@ -39,50 +40,44 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION hg_claim_ready(
-    p_owner text, p_lease_seconds float8, p_limit integer,
+CREATE OR REPLACE FUNCTION hg_expire_leases(p_reason text) RETURNS void
+LANGUAGE sql AS $$
+    -- The leases that ran out become `unknown` (as the `expire_leases` statement), each with its event.
+    WITH picked AS MATERIALIZED (
+        SELECT o.id FROM operations o WHERE o.state IN {expiring} AND o.lease_expires_at <= statement_timestamp()
+        FOR UPDATE SKIP LOCKED),
+    expired AS (
+        UPDATE operations o SET state = 'unknown', updated_at = statement_timestamp(),
+            next_check_at = statement_timestamp()
+        FROM picked WHERE o.id = picked.id
+        RETURNING o.id)
+    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+    SELECT expired.id, statement_timestamp(), 'sending', 'unknown', 'ledger', p_reason FROM expired;
+$$;
+
+CREATE OR REPLACE FUNCTION hg_claim_ready_for(
+    p_owners text[],  -- one claim for each: the n-th operation claimed is the n-th owner's (a group commit's callers)
+    p_lease_seconds float8,
     p_expired_reason text,  -- NULL: leases are not expired here
     p_batch_id text,  -- NULL: any batch
-    p_only_id text,  -- NULL: any operation
     p_hold_lead boolean
 ) RETURNS SETOF operations
 LANGUAGE plpgsql AS $$
--- Each way of choosing candidates is a query of its own (by id, in a batch, in any), so each keeps one plan that
--- walks its index in claim order and reads a row or two (operations_ready_by_batch, operations_ready).
+-- Each way of choosing candidates is a query of its own (in a batch, in any), so each keeps one plan that walks its
+-- index in claim order and reads a row or two (operations_ready_by_batch, operations_ready).
 DECLARE
     c record;
     written operations;
     taken integer := 0;
+    wanted integer := COALESCE(cardinality(p_owners), 0);
 BEGIN
     IF p_expired_reason IS NOT NULL THEN
-        WITH picked AS MATERIALIZED (
-            SELECT o.id FROM operations o WHERE o.state IN {expiring} AND o.lease_expires_at <= statement_timestamp()
-            FOR UPDATE SKIP LOCKED),
-        expired AS (
-            UPDATE operations o SET state = 'unknown', updated_at = statement_timestamp(),
-                next_check_at = statement_timestamp()
-            FROM picked WHERE o.id = picked.id
-            RETURNING o.id)
-        INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
-        SELECT expired.id, statement_timestamp(), 'sending', 'unknown', 'ledger', p_expired_reason FROM expired;
+        PERFORM hg_expire_leases(p_expired_reason);
     END IF;
-    IF p_only_id IS NOT NULL THEN
-        FOR c IN
-            SELECT o.id, o.channel, o.recipient_keys, o.lead FROM operations o
-            WHERE o.id = p_only_id AND o.state IN {claimable}
-              AND (o.not_before IS NULL OR o.not_before <= statement_timestamp()) AND NOT EXISTS (
-                SELECT 1 FROM unnest(o.recipient_keys) AS r (recipient), LATERAL (
-                    SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN (o.channel, 'all')
-                    LIMIT 1) AS opted_out)
-            FOR UPDATE SKIP LOCKED
-        LOOP
-            written := hg_claim_one(c.id, c.channel, c.recipient_keys, CASE WHEN p_hold_lead THEN c.lead END,
-                p_owner, p_lease_seconds);
-            IF written.id IS NOT NULL THEN
-                RETURN NEXT written;
-            END IF;
-        END LOOP;
-    ELSIF p_batch_id IS NOT NULL THEN
+    IF wanted = 0 THEN
+        RETURN;
+    END IF;
+    IF p_batch_id IS NOT NULL THEN
         FOR c IN
             SELECT o.id, o.channel, o.recipient_keys, o.lead FROM operations o
             WHERE o.state = {claimable_state} AND o.batch_id = p_batch_id
@@ -94,11 +89,11 @@ BEGIN
             FOR UPDATE SKIP LOCKED
         LOOP
             written := hg_claim_one(c.id, c.channel, c.recipient_keys, CASE WHEN p_hold_lead THEN c.lead END,
-                p_owner, p_lease_seconds);
+                p_owners[taken + 1], p_lease_seconds);
             IF written.id IS NOT NULL THEN
                 RETURN NEXT written;
                 taken := taken + 1;
-                EXIT WHEN taken >= p_limit;
+                EXIT WHEN taken >= wanted;
             END IF;
         END LOOP;
     ELSE
@@ -113,13 +108,53 @@ BEGIN
             FOR UPDATE SKIP LOCKED
         LOOP
             written := hg_claim_one(c.id, c.channel, c.recipient_keys, CASE WHEN p_hold_lead THEN c.lead END,
-                p_owner, p_lease_seconds);
+                p_owners[taken + 1], p_lease_seconds);
             IF written.id IS NOT NULL THEN
                 RETURN NEXT written;
                 taken := taken + 1;
-                EXIT WHEN taken >= p_limit;
+                EXIT WHEN taken >= wanted;
             END IF;
         END LOOP;
     END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION hg_claim_ready(
+    p_owner text, p_lease_seconds float8, p_limit integer,
+    p_expired_reason text,  -- NULL: leases are not expired here
+    p_batch_id text,  -- NULL: any batch
+    p_only_id text,  -- NULL: any operation
+    p_hold_lead boolean
+) RETURNS SETOF operations
+LANGUAGE plpgsql AS $$
+-- Up to `p_limit` claims for one owner (hg_claim_ready_for), or the one operation asked for.
+DECLARE
+    c record;
+    written operations;
+BEGIN
+    IF p_only_id IS NULL THEN
+        RETURN QUERY SELECT * FROM hg_claim_ready_for(
+            array_fill(p_owner, ARRAY[GREATEST(p_limit, 0)]), p_lease_seconds, p_expired_reason, p_batch_id,
+            p_hold_lead);
+        RETURN;
+    END IF;
+    IF p_expired_reason IS NOT NULL THEN
+        PERFORM hg_expire_leases(p_expired_reason);
+    END IF;
+    FOR c IN
+        SELECT o.id, o.channel, o.recipient_keys, o.lead FROM operations o
+        WHERE o.id = p_only_id AND o.state IN {claimable}
+          AND (o.not_before IS NULL OR o.not_before <= statement_timestamp()) AND NOT EXISTS (
+            SELECT 1 FROM unnest(o.recipient_keys) AS r (recipient), LATERAL (
+                SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN (o.channel, 'all')
+                LIMIT 1) AS opted_out)
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        written := hg_claim_one(c.id, c.channel, c.recipient_keys, CASE WHEN p_hold_lead THEN c.lead END,
+            p_owner, p_lease_seconds);
+        IF written.id IS NOT NULL THEN
+            RETURN NEXT written;
+        END IF;
+    END LOOP;
 END
 $$;
