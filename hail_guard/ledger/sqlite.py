@@ -422,9 +422,13 @@ def _claim_ready(
 ) -> list[Operation]:
     _expire(db)
     name, args = ("claim_ready_any", ()) if batch_id is None else ("claim_ready_in_batch", (batch_id,))
-    claimed = _operations(db, name, (owner, lease_seconds, limit, hold_lead, *args))
-    for operation in claimed:
-        _event(db, operation.id, State.READY, State.SENDING, owner, "claimed; forwarding")
+    claimed: list[Operation] = []
+    while len(claimed) < limit:  # one at a time: each claimed send holds the next to its recipient and lead
+        found = _operations(db, name, (owner, lease_seconds, 1, hold_lead, *args))
+        if not found:
+            break
+        _event(db, found[0].id, State.READY, State.SENDING, owner, "claimed; forwarding")
+        claimed.extend(found)
     return claimed
 
 

@@ -51,7 +51,7 @@ CREATE OR REPLACE FUNCTION hg_begin_send(
     p_compared text[],  -- the other messages the caller compared already
     p_expired_reason text
 ) RETURNS TABLE (verdict text, operation operations)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     existing operations;
     written operations;
