@@ -24,10 +24,10 @@ from hail_guard.sandbox import Sandbox
 from hail_guard.server import build_server
 
 ADDED_P50_TARGET_MS = 2.0
-RATIO_TARGET = 1.05
+RATIO_TARGET = 1.08
 RATIO_TARGET_LATENCY_MS = 20
-ADDED_P99_TARGET_MS = 10.0
-"""At 0 ms upstream: a send must not stall behind the disk (issue 15)."""
+ADDED_P99_TARGET_MS = 5.0
+"""At 0 ms upstream: a send must not stall behind the disk (issue 28)."""
 
 
 async def measure(ledger: str, ledger_url: str, latency_ms: int, iterations: int, warmup: int) -> list[Figure]:
@@ -85,8 +85,8 @@ def _figure(name: str, ledger: str, latency_ms: int, samples: dict[str, list[flo
     target, met = "", None
     if send:
         if latency_ms == RATIO_TARGET_LATENCY_MS:
-            target = f"ratio <= {RATIO_TARGET}; added p50 <= {ADDED_P50_TARGET_MS:g} ms"
-            met = ratio <= RATIO_TARGET and added <= ADDED_P50_TARGET_MS
+            target = f"ratio <= {RATIO_TARGET}"
+            met = ratio <= RATIO_TARGET
         else:
             target = f"added p50 <= {ADDED_P50_TARGET_MS:g} ms; added p99 <= {ADDED_P99_TARGET_MS:g} ms"
             met = added <= ADDED_P50_TARGET_MS and added_p99 <= ADDED_P99_TARGET_MS

@@ -22,12 +22,12 @@ import anyio
 import anyio.to_thread
 from rich.console import Console
 
-from bench import console, drain, growth, limits, memory, overhead, startup
+from bench import console, drain, growth, limits, memory, overhead, peer, startup
 from bench.figures import Figure, Report, skipped
 from bench.ledgers import KINDS, SQLITE_SETTINGS, Ledgers, scratch_folder
 from bench.workload import quiet_logs
 
-CASES = ("limits", "overhead", "drain", "growth", "startup", "memory", "console")
+CASES = ("limits", "overhead", "peer", "drain", "growth", "startup", "memory", "console")
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,8 @@ class Sizes:
     overhead_iterations: dict[int, int]
     """Upstream latency (ms) -> timed calls per path."""
     overhead_warmup: int
+    peer_iterations: int
+    """Timed calls per path beside FastMCP's proxy (upstream 0 ms)."""
     drain_sends: int
     drain_concurrency: int
     drain_latency_ms: int
@@ -52,6 +54,7 @@ class Sizes:
 FULL = Sizes(
     overhead_iterations={0: 1000, 20: 300},
     overhead_warmup=30,
+    peer_iterations=500,
     drain_sends=10_000,
     drain_concurrency=32,
     drain_latency_ms=50,
@@ -68,6 +71,7 @@ FULL = Sizes(
 QUICK = Sizes(
     overhead_iterations={0: 60, 20: 20},
     overhead_warmup=5,
+    peer_iterations=20,
     drain_sends=300,
     drain_concurrency=32,
     drain_latency_ms=50,
@@ -141,6 +145,15 @@ def _overhead(run: _Run) -> None:
                 run.report.figures.extend(found)
 
             run.step(f"overhead, {kind}, upstream {latency_ms} ms", lambda case=case: anyio.run(case))
+
+
+def _peer(run: _Run) -> None:
+    sizes = run.options.sizes
+    found = run.step(
+        "peer: FastMCP's proxy beside hail-guard",
+        lambda: anyio.run(peer.measure, run.folder, 0, sizes.peer_iterations, sizes.overhead_warmup),
+    )
+    run.report.figures.extend(found)
 
 
 def _drain(run: _Run) -> None:
@@ -242,6 +255,7 @@ def _console(run: _Run) -> None:
 _RUNNERS: dict[str, Callable[[_Run], None]] = {
     "limits": _limits,
     "overhead": _overhead,
+    "peer": _peer,
     "drain": _drain,
     "growth": _growth,
     "startup": _startup,
