@@ -3,17 +3,21 @@
 A write that finds no other in flight runs on its own, as it always did (one statement, or the outcome's short
 transaction): a lone write never waits for company. Writes that arrive while one is in flight queue; the caller
 that finds the writer free next takes the whole queue (up to `MAX_GROUP`) into one transaction on one connection,
-one statement a step:
+one statement a step (not a savepoint a write, as SQLite's group: here each would cost a round trip):
 
 - the outcomes: `lock_providers` (their message ids, in one order), then `record_outcomes` (every one, fenced on
   its owner as alone; webhooks kept for a message id are applied in the same transaction, as alone);
 - the claims: `claim_ready_for` for each kind asked (a batch, the lease, holding leads), the n-th operation claimed
   going to the n-th caller (hg_claim_ready_for: the same locks and checks as a claim alone).
 
-Then one commit, one WAL flush, and only then is any caller answered. A refusal of one write (not its lease, no such
-operation) is its own answer and touches no other: it is a row of the statement's answer, not an error. An error
-of the group (the server, a lock's timeout, a deadlock between two hosts' groups) rolls the whole transaction back,
-and each write of it is run again on its own, so only a write that fails alone fails.
+Then one commit, one WAL flush, and only then is any caller answered; they queue their next writes before the
+writer is free again, so the next group gathers them all. One group is in flight at a time (two at once, on two
+connections, measured slower: a claim beside another group's claims walks past the rows that group locked).
+
+A refusal of one write (not its lease, no such operation) is its own answer and touches no other: it is a row of
+the statement's answer, not an error. An error of the group (the server, a lock's timeout, a deadlock between two
+hosts' groups) rolls the whole transaction back, and each write of it is run again on its own, so only a write
+that fails alone fails.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import anyio
+import anyio.lowlevel
 import asyncpg
 
 from hail_guard.errors import HailGuardError, LeaseLost
@@ -34,8 +39,6 @@ from hail_guard.models import Operation
 _SQL: Final = sql.statements("postgres")
 MAX_GROUP = 64
 """Send-path writes committed together at most."""
-GROUPS_AT_ONCE = 1
-"""Groups in flight at once, each on a connection of its own: while one waits for the server, the next gathers."""
 RELEASE_SECONDS = 10.0
 
 
@@ -72,25 +75,25 @@ class Job:
 class GroupCommit:
     """The queue of send-path writes of one ledger, and the transactions that commit them (module docstring)."""
 
-    def __init__(self, pool: asyncpg.Pool, *, at_once: int = GROUPS_AT_ONCE) -> None:
+    def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
         self._queue: deque[Job] = deque()
-        self._running = 0
-        self._at_once = at_once
+        self._busy = False
 
     async def run(self, job: Job) -> Any:
         self._queue.append(job)
         with anyio.CancelScope(shield=True):  # once queued it runs and commits: its caller waits to the end
             while not job.done:
-                if self._running >= self._at_once or job not in self._queue:  # its turn, or its group's end
+                if self._busy:
                     job.wake = anyio.Event()
                     await job.wake.wait()
                     continue
-                self._running += 1
+                self._busy = True
                 try:
                     await self._commit_next()
+                    await anyio.lowlevel.checkpoint()  # the group's callers, answered, queue their next writes now
                 finally:
-                    self._running -= 1
+                    self._busy = False
                     if self._queue:
                         self._queue[0].wake.set()
         if job.error is not None:
@@ -99,8 +102,6 @@ class GroupCommit:
 
     async def _commit_next(self) -> None:
         group = self._take()
-        if self._queue and self._running < self._at_once:
-            self._queue[0].wake.set()  # room for another group beside this one
         if len(group) == 1:
             await _alone(group[0])
         else:
