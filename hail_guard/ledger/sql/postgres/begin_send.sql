@@ -30,12 +30,19 @@ $$;
 
 CREATE OR REPLACE FUNCTION hg_holds(p_keys text[], p_channel text, p_lead text) RETURNS SETOF operations
 LANGUAGE sql STABLE AS $$
-    -- Unresolved sends (same_send.HOLDING) to one of these recipient keys on the channel, or to the lead.
-    SELECT o.* FROM operations o
-    WHERE o.state IN {holding} AND (
-        (o.channel = p_channel AND o.id IN (
-            SELECT r.operation_id FROM operation_recipients r WHERE r.recipient COLLATE "C" = ANY (p_keys)))
-        OR o.lead = p_lead)
+    -- Unresolved sends (same_send.HOLDING) to one of these recipient keys on the channel, or to the lead. Found
+    -- from the recipients' and the lead's sends (their indexes), each then read by its id (OFFSET 0 keeps that
+    -- order: otherwise the planner starts from every send in a holding state, and the state index also holds the
+    -- old versions of rows that left it until a vacuum: a busy drain leaves thousands).
+    SELECT o.* FROM (
+        SELECT f.id, bool_or(f.by_key) AS by_key FROM (
+            SELECT r.operation_id AS id, true AS by_key FROM operation_recipients r
+            WHERE r.recipient COLLATE "C" = ANY (p_keys)
+            UNION ALL
+            SELECT l.id, false FROM operations l WHERE l.lead = p_lead) AS f
+        GROUP BY f.id) AS c,
+    LATERAL (SELECT x.* FROM operations x WHERE x.id = c.id OFFSET 0) AS o
+    WHERE o.state IN {holding} AND ((c.by_key AND o.channel = p_channel) OR o.lead = p_lead)
     ORDER BY o.created_at, o.seq LIMIT 5
 $$;
 
