@@ -10,8 +10,9 @@ It behaves exactly like the SQLite ledger (the contract tests run on both); what
   (sql/postgres/begin_send.sql: lease expiry, the key's row, the opt-out check, the check for the
   same message to a shared recipient under advisory locks, the insert or the claim). Claims take
   rows with `FOR UPDATE SKIP LOCKED`: two workers never take the same row nor wait for each other.
-  Completion is fenced on the lease owner. Writes of several statements (the core's) run in one
-  transaction (`_write`).
+  Completion is fenced on the lease owner. Outcomes and claims that arrive while another is in
+  flight are committed together, one statement a step (`postgres_group`). Writes of several
+  statements (the core's) run in one transaction (`_write`).
 - Durability is the server's: a commit is acknowledged once its WAL is flushed, while `fsync` and
   `synchronous_commit` are on (their defaults; hail-guard never turns them off, and warns at start
   when the server has). Concurrent commits share a WAL flush on the server (its group commit).
