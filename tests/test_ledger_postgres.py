@@ -28,11 +28,11 @@ from hail_guard.errors import (
     SchemaTooNew,
 )
 from hail_guard.ledger import Ledger, open_ledger
-from hail_guard.models import Intent, Outcome, State
+from hail_guard.models import DeliveryState, Intent, Outcome, State, WebhookOutcome
 from hail_guard.same_send import Rules
 from tests.conftest import subclasses
 from tests.postgres import PASSWORD, PASSWORD_ROLE, PostgresServer, find_bindir, missing_reason, throwaway_cluster
-from tests.test_ledger_contract import accepted_outcome, batch_intents, intent
+from tests.test_ledger_contract import accepted_outcome, batch_intents, intent, webhook
 
 asyncpg = pytest.importorskip("asyncpg", reason="the PostgreSQL ledger needs the `postgres` extra")
 from hail_guard.ledger import sql  # noqa: E402
@@ -571,6 +571,8 @@ async def test_outcomes_recorded_at_once_each_get_their_own_answer_and_a_refusal
                 answers[claimed[n].id] = refused
 
         twin = accepted_outcome("twin")  # one message id answered for two sends: the second goes to review
+        early = webhook("d1", "email.delivered", f"e-{claimed[7].id}")  # before its message id is recorded
+        assert await ledger.record_webhook(early) is WebhookOutcome.PARKED
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
                 for n in range(12):
@@ -585,6 +587,8 @@ async def test_outcomes_recorded_at_once_each_get_their_own_answer_and_a_refusal
     assert sorted(stored[claimed[n].id].state.value for n in (5, 6)) == ["accepted", "needs_review"]
     assert {stored[claimed[n].id].state for n in recorded if n not in (5, 6)} == {State.ACCEPTED}
     assert [stored[claimed[n].id].provider_id for n in (0, 1)] == [f"e-{claimed[n].id}" for n in (0, 1)]
+    assert answers[claimed[7].id].delivery_state is stored[claimed[7].id].delivery_state is DeliveryState.DELIVERED
+    assert {stored[claimed[n].id].delivery_state for n in recorded if n != 7} == {None}
 
 
 async def test_claims_made_at_once_each_take_a_send_of_their_own_under_their_own_owner(postgres_url: str) -> None:

@@ -44,7 +44,7 @@ from hail_guard.errors import HailGuardError, LedgerError, LedgerUnavailable
 from hail_guard.ledger import Begin, backfill, core, reads, sql
 from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, PLAN_CHUNK, Row, Work
 from hail_guard.ledger.postgres_errors import describe, errors_mapped
-from hail_guard.ledger.postgres_group import GroupCommit, Job, Tx, recorded_operation
+from hail_guard.ledger.postgres_group import GroupCommit, Job, Tx, record_outcomes
 from hail_guard.models import Intent, Operation, Outcome, State
 from hail_guard.same_send import Candidates, Rules
 
@@ -61,7 +61,7 @@ COMMAND_TIMEOUT_SECONDS = 60.0
 """Longest a single statement may take before the call fails as `LedgerUnavailable`."""
 RELEASE_SECONDS = 10.0
 """Longest a connection's reset may take when it goes back to the pool; past it the pool drops it."""
-_FUNCTIONS = ("begin_send", "claims")
+_FUNCTIONS = ("begin_send", "claims", "outcomes")
 """Server-side functions, each in sql/postgres/<name>.sql, (re)created by `migrate` when their text changes."""
 _STAGE_COLUMNS = (
     "position",
@@ -130,21 +130,23 @@ class PostgresLedger(reads.OperatorReads):
         arguments = (*core.outcome_values(outcome), operation_id, owner, actor, outcome.reason, taken)
 
         async def alone() -> Operation:
-            return await self._record_alone(operation_id, outcome.provider_id, arguments)
+            return await self._record_alone(arguments)
 
         with errors_mapped(self._where, self._secrets):
             recorded: Operation = await self._group.run(Job(alone, outcome=arguments))
         return recorded
 
-    async def _record_alone(self, operation_id: str, provider_id: str | None, arguments: tuple[Any, ...]) -> Operation:
-        if provider_id is None:
-            async with self._alone() as db:
-                return recorded_operation(await db.fetchrow(_SQL["record_outcome"], *arguments), operation_id)
-        async with self._transaction() as db:  # the id, and the webhooks that came before it, in one commit
-            await db.execute(_SQL["lock_provider"], provider_id)  # first: see `lock_provider`
-            recorded = recorded_operation(await db.fetchrow(_SQL["record_outcome"], *arguments), operation_id)
-            tx = Tx(db)
-            return await core.must(tx, operation_id) if await core.apply_parked(tx, recorded) else recorded
+    async def _record_alone(self, arguments: tuple[Any, ...]) -> Operation:
+        """One round trip; where webhooks are kept for its message id, a transaction that applies them too."""
+        async with self._alone() as db:
+            answered = await record_outcomes(db, [arguments], refuse_parked=True)
+        if answered is None:
+            async with self._transaction() as db:  # the id, and the webhooks that came before it, in one commit
+                answered = await record_outcomes(db, [arguments], refuse_parked=False)
+        assert answered is not None
+        if isinstance(answered[0], HailGuardError):
+            raise answered[0]
+        return answered[0]
 
     async def _claim_unknown(
         self, owner: str, lease_seconds: float, operation_id: str | None, batch_id: str | None, limit: int

@@ -5,8 +5,8 @@ transaction): a lone write never waits for company. Writes that arrive while one
 that finds the writer free next takes the whole queue (up to `MAX_GROUP`) into one transaction on one connection,
 one statement a step (not a savepoint a write, as SQLite's group: here each would cost a round trip):
 
-- the outcomes: `lock_providers` (their message ids, in one order), then `record_outcomes` (every one, fenced on
-  its owner as alone; webhooks kept for a message id are applied in the same transaction, as alone);
+- the outcomes: `record_outcomes` (hg_record_outcomes: their message ids locked in one order, then every one
+  recorded, fenced on its owner, as alone; webhooks kept for a message id are applied in the same transaction);
 - the claims: `claim_ready_for` for each kind asked (a batch, the lease, holding leads), the n-th operation claimed
   going to the n-th caller (hg_claim_ready_for: the same locks and checks as a claim alone).
 
@@ -156,28 +156,51 @@ async def _alone(job: Job) -> None:
 
 
 async def _record_outcomes(db: asyncpg.Connection, jobs: Sequence[Job]) -> None:
-    if not jobs:
-        return
     outcomes = [job.outcome for job in jobs if job.outcome is not None]
-    if providers := sorted({outcome[1] for outcome in outcomes if outcome[1] is not None}):
-        await db.execute(_SQL["lock_providers"], providers)  # first: see `lock_provider`
+    if not outcomes:
+        return
+    answers = await record_outcomes(db, outcomes, refuse_parked=False)
+    assert answers is not None
+    for job, answer in zip(jobs, answers, strict=True):
+        if isinstance(answer, HailGuardError):
+            job.error = answer  # this write's refusal: its own answer
+        else:
+            job.result = answer
+
+
+PARKED_SQLSTATE = "HG001"
+"""What hg_record_outcomes raises, asked to refuse, when a webhook is kept for a message id it would record."""
+
+
+async def record_outcomes(
+    db: asyncpg.Connection, outcomes: Sequence[tuple[Any, ...]], *, refuse_parked: bool
+) -> list[Operation | HailGuardError] | None:
+    """Record `record_outcome`'s parameters for each, in one statement (hg_record_outcomes): each one's operation as
+    recorded, or its refusal (`NotFound`, `LeaseLost`). Webhooks kept for a message id recorded are applied on `db`,
+    in its transaction; with `refuse_parked`, where there are any, nothing is recorded and the answer is None."""
     columns = [list(column) for column in zip(*outcomes, strict=True)]
-    rows = {row["given_id"]: dict(row) for row in await db.fetch(_SQL["record_outcomes"], *columns, PARKED_SECONDS)}
-    for job, outcome in zip(jobs, outcomes, strict=True):
+    try:
+        rows = await db.fetch(_SQL["record_outcomes"], *columns, float(PARKED_WEBHOOK_SECONDS), refuse_parked)
+    except asyncpg.PostgresError as exc:
+        if refuse_parked and getattr(exc, "sqlstate", None) == PARKED_SQLSTATE:
+            return None
+        raise
+    found = {row["given_id"]: dict(row) for row in rows}
+    answers: list[Operation | HailGuardError] = []
+    for outcome in outcomes:
         operation_id = outcome[8]
+        row = found[operation_id]
         try:
-            row = rows[operation_id]
             recorded = recorded_operation(row if row["before_state"] is not None else None, operation_id)
-            if row["parked"]:  # webhooks that came before the id: applied in this same transaction
-                tx = Tx(db)
-                await core.apply_parked(tx, recorded)
-                recorded = await core.must(tx, operation_id)
-            job.result = recorded
-        except HailGuardError as exc:  # this write's refusal: its own answer
-            job.error = exc
-
-
-PARKED_SECONDS = float(PARKED_WEBHOOK_SECONDS)
+        except HailGuardError as refused:
+            answers.append(refused)
+            continue
+        if row["parked"]:  # webhooks that came before the id: applied in this same transaction
+            tx = Tx(db)
+            await core.apply_parked(tx, recorded)
+            recorded = await core.must(tx, operation_id)
+        answers.append(recorded)
+    return answers
 
 
 async def _claims(db: asyncpg.Connection, jobs: Sequence[Job]) -> None:

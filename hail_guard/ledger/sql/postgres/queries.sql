@@ -339,82 +339,12 @@ SELECT {columns} FROM hg_claim_ready($1, $2::float8, $3, $4, NULL, NULL, $5)
 -- As claim_ready_any, in batch $6.
 SELECT {columns} FROM hg_claim_ready($1, $2::float8, $3, $4, $6, NULL, $5)
 
--- name: record_outcome
--- Fenced on the lease owner ($10); the event names the state the row was in. One row: `before_state` NULL when
--- there is no such operation, the other columns NULL when it is not ours to record. An accepted answer whose
--- message id ($2) another operation holds goes to review instead, its reason $13 naming that one ({holder}).
-WITH before AS MATERIALIZED (
-    SELECT id, state FROM operations WHERE id = $9 FOR UPDATE),
-holder AS MATERIALIZED (
-    SELECT id FROM operations WHERE $1 = 'accepted' AND provider_id = $2::text AND id <> $9 LIMIT 1),
-taken AS (
-    SELECT holder.id AS holder_id, replace($13, '{holder}', holder.id) AS reason FROM (SELECT 1) AS one
-    LEFT JOIN holder ON true),
-recorded AS (
-    UPDATE operations SET state = CASE WHEN taken.holder_id IS NULL THEN $1 ELSE 'needs_review' END,
-        provider_id = CASE WHEN taken.holder_id IS NULL THEN COALESCE($2, provider_id) ELSE provider_id END,
-        result = COALESCE($3::json, result), last_error = COALESCE($4, last_error),
-        review_reason = COALESCE(taken.reason, $5),
-        attempts = operations.attempts - $6,
-        not_before = {now} + $7::float8 * interval '1 second',
-        next_check_at = {now} + $8::float8 * interval '1 second',
-        lease_expires_at = NULL, updated_at = {now}
-    FROM before, taken
-    WHERE operations.id = $9 AND before.id = $9 AND operations.lease_owner = $10
-      AND operations.state IN {recordable}
-    RETURNING operations.*, before.state AS from_state, taken.reason AS taken_reason),
-logged AS (
-    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
-    SELECT id, {now}, from_state, state, $11, COALESCE(taken_reason, $12) FROM recorded)
-SELECT before.state AS before_state, {recorded_columns}
-FROM before LEFT JOIN recorded ON true
-
--- name: lock_providers
--- lock_provider for several message ids ($1), in one order (their hashes'), so two groups never wait on each other.
-SELECT pg_advisory_xact_lock(1212633175, h) FROM (SELECT DISTINCT hashtext(p) AS h FROM unnest($1::text[]) AS p) AS ids
-ORDER BY h
-
 -- name: record_outcomes
--- record_outcome for several operations in one statement (the group commit: postgres_group.py). $1 to $13 are
--- arrays, an element for each operation, in record_outcome's order; $14 how long a webhook stays parked. The caller
--- took lock_providers for their message ids first and never gives one operation or one message id twice. One row for
--- each given id ($9), as record_outcome's (`before_state` NULL: no such operation), and whether webhooks are parked
--- for the message id just recorded (the caller applies them in the same transaction).
-WITH given AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::float8[],
-        $8::float8[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])
-        AS g (state, provider_id, result, last_error, review_reason, attempts_back, not_before, next_check, id,
-            owner, actor, reason, taken)),
-before AS MATERIALIZED (
-    SELECT o.id, o.state FROM operations o WHERE o.id IN (SELECT id FROM given) ORDER BY o.id FOR UPDATE),
-holder AS MATERIALIZED (
-    SELECT g.id, h.id AS holder_id, replace(g.taken, '{holder}', h.id) AS reason
-    FROM given g, LATERAL (
-        SELECT o.id FROM operations o WHERE o.provider_id = g.provider_id AND o.id <> g.id LIMIT 1) AS h
-    WHERE g.state = 'accepted' AND g.provider_id IS NOT NULL),
-recorded AS (
-    UPDATE operations SET state = CASE WHEN holder.holder_id IS NULL THEN g.state ELSE 'needs_review' END,
-        provider_id = CASE WHEN holder.holder_id IS NULL THEN COALESCE(g.provider_id, operations.provider_id)
-            ELSE operations.provider_id END,
-        result = COALESCE(g.result::json, operations.result),
-        last_error = COALESCE(g.last_error, operations.last_error),
-        review_reason = COALESCE(holder.reason, g.review_reason),
-        attempts = operations.attempts - g.attempts_back,
-        not_before = {now} + g.not_before * interval '1 second',
-        next_check_at = {now} + g.next_check * interval '1 second',
-        lease_expires_at = NULL, updated_at = {now}
-    FROM given g JOIN before b ON b.id = g.id LEFT JOIN holder ON holder.id = g.id
-    WHERE operations.id = g.id AND operations.lease_owner = g.owner AND operations.state IN {recordable}
-    RETURNING operations.*, b.state AS from_state, holder.reason AS taken_reason, g.actor AS given_actor,
-        g.reason AS given_reason),
-logged AS (
-    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
-    SELECT id, {now}, from_state, state, given_actor, COALESCE(taken_reason, given_reason) FROM recorded)
-SELECT g.id AS given_id, b.state AS before_state, {recorded_columns},
-    EXISTS (
-        SELECT 1 FROM webhook_deliveries w WHERE w.provider_id = recorded.provider_id AND w.outcome = 'parked'
-          AND w.received_at >= {now} - $14::float8 * interval '1 second') AS parked
-FROM given g LEFT JOIN before b ON b.id = g.id LEFT JOIN recorded ON recorded.id = g.id
+-- The outcomes of one or many sends, in one round trip: see outcomes.sql. $1 to $13 are arrays (record_outcome's
+-- parameters, an element for each), $14 how long a webhook stays parked, $15 whether one parked raises HG001.
+SELECT r.given_id, r.before_state, (r.operation).*, r.parked
+FROM hg_record_outcomes($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::integer[], $7::float8[],
+    $8::float8[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::float8, $15::boolean) AS r
 
 -- name: claim_ready_for
 -- Claims for several owners at once (the group commit): the n-th operation claimed is owner n's ($1), see claims.sql.
