@@ -73,8 +73,18 @@ async def measure(folder: Path, latency_ms: int, iterations: int, warmup: int) -
     try:
         python = peer_python()
     except (PeerMissing, OSError, subprocess.SubprocessError) as exc:
-        why = f"FastMCP's proxy cannot be had here: {exc}"
-        return [skipped("peer", f"{path}, upstream {latency_ms} ms", "-", why) for path in ("send_email", "get_email")]
+        return _skipped(latency_ms, f"FastMCP's proxy cannot be had here: {exc}")
+    try:
+        return await _side_by_side(python, folder, latency_ms, iterations, warmup)
+    except Exception as exc:  # a peer that fails must not stop the other cases: its rows say why
+        return _skipped(latency_ms, f"the side-by-side run failed: {type(exc).__name__}: {exc}")
+
+
+def _skipped(latency_ms: int, why: str) -> list[Figure]:
+    return [skipped("peer", f"{path}, upstream {latency_ms} ms", "-", why) for path in ("send_email", "get_email")]
+
+
+async def _side_by_side(python: Path, folder: Path, latency_ms: int, iterations: int, warmup: int) -> list[Figure]:
     sends: dict[str, list[float]] = {path: [] for path in PATHS}
     reads: dict[str, list[float]] = {path: [] for path in PATHS}
     async with sandbox_process(latency_ms) as url, AsyncExitStack() as stack:
