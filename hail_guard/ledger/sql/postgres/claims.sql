@@ -51,8 +51,10 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION hg_expire_leases(p_reason text) RETURNS void
-LANGUAGE sql AS $$
-    -- The leases that ran out become `unknown` (as the `expire_leases` statement), each with its event.
+LANGUAGE plpgsql AS $$
+-- The leases that ran out become `unknown` (as the `expire_leases` statement), each with its event. In plpgsql, so
+-- its plan is kept from call to call (a `LANGUAGE sql` function's is made again at every call).
+BEGIN
     WITH picked AS MATERIALIZED (
         SELECT o.id FROM operations o WHERE o.state IN {expiring} AND o.lease_expires_at <= statement_timestamp()
         FOR UPDATE SKIP LOCKED),
@@ -63,6 +65,7 @@ LANGUAGE sql AS $$
         RETURNING o.id)
     INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
     SELECT expired.id, statement_timestamp(), 'sending', 'unknown', 'ledger', p_reason FROM expired;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION hg_claim_ready_for(
