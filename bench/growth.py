@@ -159,7 +159,7 @@ async def fill(url: str, shape: Shape) -> float:
     parts = [
         ("hist", None, "accepted", 1, shape.history),
         ("work", WORK_BATCH, "ready", 1, shape.work),
-        ("lost", None, "unknown", 1, shape.work),
+        ("lost", None, "unknown", shape.work + 1, 2 * shape.work),  # other recipients: an unknown send holds its own
     ]
     if url.startswith("sqlite"):
         _fill_sqlite(sqlite_path(url), parts)

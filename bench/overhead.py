@@ -24,13 +24,17 @@ from hail_guard.sandbox import Sandbox
 from hail_guard.server import build_server
 
 ADDED_P50_TARGET_MS = 2.0
-RATIO_TARGET = 1.05
+RATIO_TARGET = 1.08
 RATIO_TARGET_LATENCY_MS = 20
-ADDED_P99_TARGET_MS = 10.0
-"""At 0 ms upstream: a send must not stall behind the disk (issue 15)."""
+ADDED_P99_TARGET_MS = 5.0
+"""At 0 ms upstream: a send must not stall behind the disk (issue 28)."""
 
 
-async def measure(ledger: str, ledger_url: str, latency_ms: int, iterations: int, warmup: int) -> list[Figure]:
+async def measure(
+    ledger: str, ledger_url: str, latency_ms: int, iterations: int, warmup: int, commit_ms: float | None = None
+) -> list[Figure]:
+    """The figures of both paths; `commit_ms`, one fsync'd commit on this disk now (limits' probe), names the floor
+    a guarded send stands on: two such commits and the MCP hop that the pass-through read shows."""
     direct_sandbox = Sandbox(latency_seconds=latency_ms / 1000)
     guarded_sandbox = Sandbox(latency_seconds=latency_ms / 1000)
     sends: dict[str, list[float]] = {"direct": [], "guarded": []}
@@ -48,8 +52,10 @@ async def measure(ledger: str, ledger_url: str, latency_ms: int, iterations: int
                 if n >= warmup:
                     sends[path].append(sent.seconds)
                     reads[path].append(read.seconds)
+    hop = median(ms(reads["guarded"])) - median(ms(reads["direct"]))
+    floor = f"; floor: two fsync'd commits {2 * commit_ms:.2f} ms + the MCP hop {hop:.2f} ms" if commit_ms else ""
     return [
-        _figure("send_email (guarded)", ledger, latency_ms, sends, send=True),
+        _figure("send_email (guarded)", ledger, latency_ms, sends, send=True, floor=floor),
         _figure("get_email (pass-through)", ledger, latency_ms, reads, send=False),
     ]
 
@@ -76,7 +82,9 @@ def _id_of(result: types.CallToolResult) -> str:
     return message_id
 
 
-def _figure(name: str, ledger: str, latency_ms: int, samples: dict[str, list[float]], *, send: bool) -> Figure:
+def _figure(
+    name: str, ledger: str, latency_ms: int, samples: dict[str, list[float]], *, send: bool, floor: str = ""
+) -> Figure:
     guarded, direct = ms(samples["guarded"]), ms(samples["direct"])
     p50, base = median(guarded), median(direct)
     added = p50 - base
@@ -85,14 +93,14 @@ def _figure(name: str, ledger: str, latency_ms: int, samples: dict[str, list[flo
     target, met = "", None
     if send:
         if latency_ms == RATIO_TARGET_LATENCY_MS:
-            target = f"ratio <= {RATIO_TARGET}; added p50 <= {ADDED_P50_TARGET_MS:g} ms"
-            met = ratio <= RATIO_TARGET and added <= ADDED_P50_TARGET_MS
+            target = f"ratio <= {RATIO_TARGET}"
+            met = ratio <= RATIO_TARGET
         else:
             target = f"added p50 <= {ADDED_P50_TARGET_MS:g} ms; added p99 <= {ADDED_P99_TARGET_MS:g} ms"
             met = added <= ADDED_P50_TARGET_MS and added_p99 <= ADDED_P99_TARGET_MS
     note = (
         f"added p50 {added:.2f} ms, p99 {added_p99:.2f} ms; "
-        f"direct p99 {percentile(direct, 0.99):.2f} ms; n={len(guarded)}"
+        f"direct p99 {percentile(direct, 0.99):.2f} ms; n={len(guarded)}{floor}"
     )
     return Figure(
         case="overhead",

@@ -22,12 +22,12 @@ import anyio
 import anyio.to_thread
 from rich.console import Console
 
-from bench import console, drain, growth, limits, memory, overhead, startup
+from bench import console, drain, growth, limits, memory, overhead, peer, startup
 from bench.figures import Figure, Report, skipped
 from bench.ledgers import KINDS, SQLITE_SETTINGS, Ledgers, scratch_folder
 from bench.workload import quiet_logs
 
-CASES = ("limits", "overhead", "drain", "growth", "startup", "memory", "console")
+CASES = ("limits", "overhead", "peer", "drain", "growth", "startup", "memory", "console")
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,8 @@ class Sizes:
     overhead_iterations: dict[int, int]
     """Upstream latency (ms) -> timed calls per path."""
     overhead_warmup: int
+    peer_iterations: int
+    """Timed calls per path beside FastMCP's proxy (upstream 0 ms)."""
     drain_sends: int
     drain_concurrency: int
     drain_latency_ms: int
@@ -52,6 +54,7 @@ class Sizes:
 FULL = Sizes(
     overhead_iterations={0: 1000, 20: 300},
     overhead_warmup=30,
+    peer_iterations=500,
     drain_sends=10_000,
     drain_concurrency=32,
     drain_latency_ms=50,
@@ -68,6 +71,7 @@ FULL = Sizes(
 QUICK = Sizes(
     overhead_iterations={0: 60, 20: 20},
     overhead_warmup=5,
+    peer_iterations=20,
     drain_sends=300,
     drain_concurrency=32,
     drain_latency_ms=50,
@@ -137,10 +141,22 @@ def _overhead(run: _Run) -> None:
 
             async def case(kind: str = kind, latency_ms: int = latency_ms, iterations: int = iterations) -> None:
                 async with run.ledgers.fresh(kind) as url:
-                    found = await overhead.measure(kind, url, latency_ms, iterations, sizes.overhead_warmup)
+                    commits = await _commits_per_second(run, kind, url, OVERHEAD_DISK_SECONDS)
+                    found = await overhead.measure(
+                        kind, url, latency_ms, iterations, sizes.overhead_warmup, commit_ms=1000 / commits
+                    )
                 run.report.figures.extend(found)
 
             run.step(f"overhead, {kind}, upstream {latency_ms} ms", lambda case=case: anyio.run(case))
+
+
+def _peer(run: _Run) -> None:
+    sizes = run.options.sizes
+    found = run.step(
+        "peer: FastMCP's proxy beside hail-guard",
+        lambda: anyio.run(peer.measure, run.folder, 0, sizes.peer_iterations, sizes.overhead_warmup),
+    )
+    run.report.figures.extend(found)
 
 
 def _drain(run: _Run) -> None:
@@ -196,12 +212,8 @@ def _limits(run: _Run) -> None:
 
         async def case(kind: str = kind) -> list[Figure]:
             async with run.ledgers.fresh(kind) as url:
-                if kind == "sqlite":
-                    commits = await anyio.to_thread.run_sync(limits.sqlite_commits_per_second, run.folder)
-                    settings = SQLITE_SETTINGS
-                else:
-                    commits = await limits.postgres_commits_per_second(url)
-                    settings = run.ledgers.postgres_settings or "-"
+                commits = await _commits_per_second(run, kind, url, limits.DISK_SECONDS)
+                settings = SQLITE_SETTINGS if kind == "sqlite" else run.ledgers.postgres_settings or "-"
                 rate = await limits.ledger_only(url, sends, concurrency)
             return [
                 limits.disk_figure(kind, commits, settings),
@@ -209,6 +221,17 @@ def _limits(run: _Run) -> None:
             ]
 
         run.report.figures.extend(run.step(f"limits, {kind}", lambda case=case: anyio.run(case)))
+
+
+OVERHEAD_DISK_SECONDS = 0.5
+"""How long the overhead case probes the disk's commit time, right before it measures (for the floor it names)."""
+
+
+async def _commits_per_second(run: _Run, kind: str, url: str, seconds: float) -> float:
+    """fsync'd one-row commits a second on the disk of this kind of ledger, now (`limits`)."""
+    if kind == "sqlite":
+        return await anyio.to_thread.run_sync(limits.sqlite_commits_per_second, run.folder, seconds)
+    return await limits.postgres_commits_per_second(url, seconds)
 
 
 def _startup(run: _Run) -> None:
@@ -242,6 +265,7 @@ def _console(run: _Run) -> None:
 _RUNNERS: dict[str, Callable[[_Run], None]] = {
     "limits": _limits,
     "overhead": _overhead,
+    "peer": _peer,
     "drain": _drain,
     "growth": _growth,
     "startup": _startup,

@@ -27,6 +27,8 @@ _IN_TEXT = (
         re.IGNORECASE,
     ),
 )
+_HINT = re.compile(r"bearer|basic|token|secret|password|api[-_]?key|authorization", re.IGNORECASE)
+"""What every pattern of `_IN_TEXT` starts from: a text without any is left as it is, unscanned."""
 REDACTED = "[redacted]"
 _MAX_DEPTH = 8
 
@@ -42,6 +44,8 @@ def _redacted(name: object, value: Any, depth: int) -> Any:
     if isinstance(name, str) and _SECRET_NAMES.search(name) and value is not None:
         return REDACTED
     if isinstance(value, str):
+        if _HINT.search(value) is None:
+            return value
         for pattern in _IN_TEXT:
             value = pattern.sub(r"\1" + REDACTED, value)
         return value

@@ -25,6 +25,7 @@ while another is unresolved is held the same way.
 from __future__ import annotations
 
 import codecs
+import functools
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,6 +41,8 @@ RECIPIENT_POINTERS = tuple(f"/{name}" for name in RECIPIENT_FIELDS)
 EMAIL_CHANNELS = frozenset({"email"})
 PHONE_CHANNELS = frozenset({"sms", "call"})
 MAX_RECIPIENT_LENGTH = 320
+NORMALISED_KEPT = 4096
+"""Recipients whose normal form is kept (`_normalised`)."""
 _INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
 _DISPLAY_FORM = re.compile(r"^(?P<name>.*)<(?P<address>[^<>]*)>$", re.DOTALL)
 _NUMBER_SHAPE = re.compile(r"^(tel:)?[+＋]?[\d\s().\-／/０-９]+$", re.IGNORECASE)
@@ -59,6 +62,13 @@ def normalise_recipient(text: str, channel: str | None = None, *, region: str | 
     """
     if not isinstance(text, str):
         raise BadRecipient(f"a recipient must be text, not {type(text).__name__}")
+    return _normalised(text, channel, region)
+
+
+@functools.lru_cache(maxsize=NORMALISED_KEPT)
+def _normalised(text: str, channel: str | None, region: str | None) -> str:
+    """`normalise_recipient` of a text, kept: a send's recipients are read again for its keys, its opt-out
+    probes and its checks, and an address's validation is the costly part (a refusal is not kept)."""
     trimmed = text.strip()
     if not trimmed:
         raise BadRecipient("a recipient is empty: give an email address or a phone number")

@@ -15,6 +15,7 @@ answered by the server.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -365,7 +366,13 @@ OWN: Mapping[str, OwnTool] = {entry.tool.name: entry for entry in _ENTRIES}
 def offered(*, review: bool, upstream: str = "Hail") -> dict[str, OwnTool]:
     """The own tools an agent is offered, their descriptions naming the upstream `upstream` (the profile's
     display name): the review queue's only when `review` (it is exposed)."""
-    return {name: _named(entry, upstream) for name, entry in OWN.items() if review or not entry.review}
+    return dict(_offered(review, upstream))
+
+
+@functools.cache
+def _offered(review: bool, upstream: str) -> tuple[tuple[str, OwnTool], ...]:
+    """`offered`, made once per upstream name (every call routes through it)."""
+    return tuple((name, _named(entry, upstream)) for name, entry in OWN.items() if review or not entry.review)
 
 
 def _named(entry: OwnTool, upstream: str) -> OwnTool:

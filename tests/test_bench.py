@@ -37,10 +37,28 @@ def test_the_smallest_quick_case_reports_each_figure_beside_its_baseline_and_tar
         assert figure.baseline > 0
         assert figure.ratio == figure.median / figure.baseline
         assert "added p50" in figure.note
-    assert send.target == "added p50 <= 2 ms; added p99 <= 10 ms"
+    assert send.target == "added p50 <= 2 ms; added p99 <= 5 ms"
     assert isinstance(send.met, bool)
     assert read.met is None
     assert {"cores", "python", "sqlite", "postgresql"} <= set(report.machine)
+
+
+def test_the_peer_rows_say_why_when_fastmcp_cannot_be_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("a file where the cache folder would be\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(not_a_folder))
+    report = run_suite(Options(cases=["peer"], ledgers=["sqlite"], progress=Console(file=io.StringIO())))
+
+    assert [(f.case, f.name) for f in report.figures] == [
+        ("peer", "send_email, upstream 0 ms"),
+        ("peer", "get_email, upstream 0 ms"),
+    ]
+    for figure in report.figures:
+        assert figure.skipped is not None
+        assert figure.skipped.startswith("FastMCP's proxy cannot be had here: `-m venv ")
+        assert "Not a directory" in figure.skipped
 
 
 def test_a_machine_without_postgresql_reports_its_cases_as_skipped_with_why(monkeypatch: pytest.MonkeyPatch) -> None:

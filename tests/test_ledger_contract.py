@@ -250,6 +250,22 @@ async def test_a_batch_is_planned_whole_and_claimed_in_order(ledger: Ledger) -> 
     assert (await ledger.batch_status("B1")).counts == {State.READY: 3, State.SENDING: 2}
 
 
+async def test_one_claim_of_several_takes_one_send_per_recipient_and_per_lead(ledger: Ledger) -> None:
+    """The sends one claim takes are not `sending` while it chooses, yet each holds the next to its recipient or
+    lead as an unresolved send does."""
+    sends = [
+        intent("k:0", "Your invoice is attached", to="ada@example.com"),
+        intent("k:1", "Meeting moved to Tuesday at nine", to="ada@example.com"),
+        intent("k:2", "Welcome aboard, here is your login", to="bob@example.com").model_copy(update={"lead": "L"}),
+        intent("k:3", "Quarterly report numbers inside", to="cy@example.com").model_copy(update={"lead": "L"}),
+        intent("k:4", "Password reset requested", to="dee@example.com"),
+    ]
+    await ledger.plan_batch(batch_id="B1", name=None, intents=sends, state=State.READY, actor="op")
+    claimed = await ledger.claim_ready(owner="w1", lease_seconds=60, batch_id="B1", limit=10)
+    assert [op.idempotency_key for op in claimed] == ["k:0", "k:2", "k:4"]
+    assert (await ledger.batch_status("B1")).counts == {State.READY: 2, State.SENDING: 3}
+
+
 async def test_batches_are_listed_newest_first_with_their_counts(ledger: Ledger) -> None:
     assert await ledger.list_batches() == []
     await ledger.plan_batch(batch_id="B1", name="spring", intents=batch_intents(3), state=State.READY, actor="op")

@@ -20,6 +20,7 @@ from hail_guard.errors import (
     BadInput,
     ConfigError,
     HailGuardError,
+    LeaseLost,
     LedgerUnavailable,
     NotFound,
     ProbableDuplicate,
@@ -27,11 +28,11 @@ from hail_guard.errors import (
     SchemaTooNew,
 )
 from hail_guard.ledger import Ledger, open_ledger
-from hail_guard.models import Intent, Outcome, State
+from hail_guard.models import DeliveryState, Intent, Outcome, State, WebhookOutcome
 from hail_guard.same_send import Rules
 from tests.conftest import subclasses
 from tests.postgres import PASSWORD, PASSWORD_ROLE, PostgresServer, find_bindir, missing_reason, throwaway_cluster
-from tests.test_ledger_contract import accepted_outcome, batch_intents, intent
+from tests.test_ledger_contract import accepted_outcome, batch_intents, intent, webhook
 
 asyncpg = pytest.importorskip("asyncpg", reason="the PostgreSQL ledger needs the `postgres` extra")
 from hail_guard.ledger import sql  # noqa: E402
@@ -552,3 +553,60 @@ async def test_a_send_never_waits_on_another_writers_count_of_the_same_hour(post
         [hour] = await ledger.sends_by_hour((await ledger.now()).replace(minute=0, second=0, microsecond=0))
     assert begin.claimed
     assert hour.states == {State.SENDING: 2}  # each counted in its own shard, summed when read
+
+
+async def test_outcomes_recorded_at_once_each_get_their_own_answer_and_a_refusal_touches_no_other(
+    postgres_url: str,
+) -> None:
+    async with open_ledger(postgres_url) as ledger:
+        await ledger.plan_batch(batch_id="G", name=None, intents=batch_intents(12), state=State.READY, actor="op")
+        claimed = [(await ledger.claim_ready(owner=f"w{n}", lease_seconds=60, batch_id="G"))[0] for n in range(12)]
+        answers: dict[str, Any] = {}
+
+        async def record(n: int, owner: str, outcome: Outcome) -> None:
+            try:
+                answers[claimed[n].id] = await ledger.record_outcome(
+                    claimed[n].id, owner=owner, outcome=outcome, actor=owner
+                )
+            except LeaseLost as refused:
+                answers[claimed[n].id] = refused
+
+        twin = accepted_outcome("twin")  # one message id answered for two sends: the second goes to review
+        early = webhook("d1", "email.delivered", f"e-{claimed[7].id}")  # before its message id is recorded
+        assert await ledger.record_webhook(early) is WebhookOutcome.PARKED
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for n in range(12):
+                    owner = "not-the-owner" if n == 3 else f"w{n}"
+                    outcome = twin if n in (5, 6) else accepted_outcome(claimed[n].id)
+                    tg.start_soon(record, n, owner, outcome)
+        stored = {op.id: await ledger.get(op.id) for op in claimed}
+    assert isinstance(answers[claimed[3].id], LeaseLost)
+    assert stored[claimed[3].id].state is State.SENDING
+    recorded = [n for n in range(12) if n != 3]
+    assert all(answers[claimed[n].id].state == stored[claimed[n].id].state for n in recorded)
+    assert sorted(stored[claimed[n].id].state.value for n in (5, 6)) == ["accepted", "needs_review"]
+    assert {stored[claimed[n].id].state for n in recorded if n not in (5, 6)} == {State.ACCEPTED}
+    assert [stored[claimed[n].id].provider_id for n in (0, 1)] == [f"e-{claimed[n].id}" for n in (0, 1)]
+    assert answers[claimed[7].id].delivery_state is stored[claimed[7].id].delivery_state is DeliveryState.DELIVERED
+    assert {stored[claimed[n].id].delivery_state for n in recorded if n != 7} == {None}
+
+
+async def test_claims_made_at_once_each_take_a_send_of_their_own_under_their_own_owner(postgres_url: str) -> None:
+    async with open_ledger(postgres_url) as ledger:
+        await ledger.plan_batch(batch_id="C", name=None, intents=batch_intents(30), state=State.READY, actor="op")
+        taken: dict[str, list[Any]] = {}
+
+        async def claim(owner: str) -> None:
+            taken[owner] = await ledger.claim_ready(owner=owner, lease_seconds=60, batch_id="C")
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for n in range(40):
+                    tg.start_soon(claim, f"c{n}")
+        status = await ledger.batch_status("C")
+    ids = [op.id for claimed in taken.values() for op in claimed]
+    assert len(ids) == len(set(ids)) == 30
+    assert all(op.lease_owner == owner for owner, claimed in taken.items() for op in claimed)
+    assert sorted(len(claimed) for claimed in taken.values()) == [0] * 10 + [1] * 30
+    assert status.counts == {State.SENDING: 30}

@@ -33,6 +33,8 @@ SHOWN_OSC = "\\x1b]0;OWNED\\x07"
 KEY = f"hostile{MARKUP}[bold]key"
 """Keys are printable (the guard refuses others), but markup is printable."""
 RECIPIENTS = (f"{MARKUP}m@example.com", f"{OSC}x@example.com")
+OTHERS = (f"{MARKUP}n@example.com", f"{OSC}y@example.com")
+"""The second send's: one claim takes one send per recipient (an unresolved send holds its recipients)."""
 REASON = f"{MARKUP} {OSC} [bold red]not bold[/bold red]"
 BATCH_NAME = f"{MARKUP}spring{OSC}"
 TOOL = f"evil{OSC}"
@@ -45,11 +47,9 @@ class Terminal(io.StringIO):
         return True
 
 
-def intent(key: str, index: int) -> Intent:
-    """A hostile send; each to recipients of its own (one recipient's unresolved send would hold the next)."""
-    reached = RECIPIENTS if index == 1 else tuple(recipient.replace("@", f"{index}@") for recipient in RECIPIENTS)
+def intent(key: str, index: int, recipients: tuple[str, ...] = RECIPIENTS) -> Intent:
     arguments = {
-        "to": list(reached),
+        "to": list(recipients),
         "subject": "Hi",
         "body_text": f"Hello {index}",
         "recipient_consent": True,
@@ -60,7 +60,7 @@ def intent(key: str, index: int) -> Intent:
         idempotency_key=key,
         tool="send_email",
         channel="email",
-        recipients=reached,
+        recipients=recipients,
         request=text,
         request_fingerprint=keys.fingerprint(text),
         content_fingerprint=same_send.content_fingerprint(hail().spec("send_email"), arguments),
@@ -75,7 +75,7 @@ async def seed(url: str) -> None:
         await ledger.plan_batch(
             batch_id="batch-hostile",
             name=BATCH_NAME,
-            intents=iter([intent(KEY, 1), intent(f"{KEY}-2", 2)]),
+            intents=iter([intent(KEY, 1), intent(f"{KEY}-2", 2, OTHERS)]),
             state=State.READY,
             actor=REASON,
         )

@@ -10,8 +10,9 @@ It behaves exactly like the SQLite ledger (the contract tests run on both); what
   (sql/postgres/begin_send.sql: lease expiry, the key's row, the opt-out check, the check for the
   same message to a shared recipient under advisory locks, the insert or the claim). Claims take
   rows with `FOR UPDATE SKIP LOCKED`: two workers never take the same row nor wait for each other.
-  Completion is fenced on the lease owner. Writes of several statements (the core's) run in one
-  transaction (`_write`).
+  Completion is fenced on the lease owner. Outcomes and claims that arrive while another is in
+  flight are committed together, one statement a step (`postgres_group`). Writes of several
+  statements (the core's) run in one transaction (`_write`).
 - Durability is the server's: a commit is acknowledged once its WAL is flushed, while `fsync` and
   `synchronous_commit` are on (their defaults; hail-guard never turns them off, and warns at start
   when the server has). Concurrent commits share a WAL flush on the server (its group commit).
@@ -39,10 +40,11 @@ import asyncpg
 import structlog
 
 from hail_guard import policy, recipients, same_send
-from hail_guard.errors import HailGuardError, LeaseLost, LedgerError, LedgerUnavailable
+from hail_guard.errors import HailGuardError, LedgerError, LedgerUnavailable
 from hail_guard.ledger import backfill, core, planning, reads, sql
 from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, Row, Work
 from hail_guard.ledger.postgres_errors import describe, errors_mapped
+from hail_guard.ledger.postgres_group import GroupCommit, Job, Tx, record_outcomes
 from hail_guard.ledger.roles import Begin
 from hail_guard.models import Intent, Operation, Outcome, State
 from hail_guard.same_send import Candidates, Rules
@@ -60,7 +62,7 @@ COMMAND_TIMEOUT_SECONDS = 60.0
 """Longest a single statement may take before the call fails as `LedgerUnavailable`."""
 RELEASE_SECONDS = 10.0
 """Longest a connection's reset may take when it goes back to the pool; past it the pool drops it."""
-_FUNCTIONS = ("begin_send", "claims")
+_FUNCTIONS = ("begin_send", "claims", "outcomes")
 """Server-side functions, each in sql/postgres/<name>.sql, (re)created by `migrate` when their text changes."""
 _STAGE_COLUMNS = (
     "position",
@@ -82,43 +84,21 @@ _STAGE_COLUMNS = (
 )
 
 
-class _Tx:
-    """`core.Tx` over one asyncpg connection."""
-
-    def __init__(self, db: asyncpg.Connection) -> None:
-        self._db = db
-
-    async def rows(self, name: str, *args: Any) -> list[Row]:
-        return [dict(record) for record in await self._db.fetch(_SQL[name], *args)]
-
-    async def row(self, name: str, *args: Any) -> Row | None:
-        record = await self._db.fetchrow(_SQL[name], *args)
-        return dict(record) if record is not None else None
-
-    async def run(self, name: str, *args: Any) -> int:
-        status: str = await self._db.execute(_SQL[name], *args)
-        last = status.rsplit(" ", 1)[-1]
-        return int(last) if last.isdigit() else 0
-
-    async def run_many(self, name: str, args: Sequence[Sequence[Any]]) -> None:
-        if args:
-            await self._db.executemany(_SQL[name], args)
-
-
 class PostgresLedger(reads.OperatorReads):
     def __init__(self, pool: asyncpg.Pool, where: str, secrets: frozenset[str]) -> None:
         self._pool = pool
         self._where = where
         self._secrets = secrets
+        self._group = GroupCommit(pool)
 
     async def _read(self, work: Work[..., Any], *args: Any, **kwargs: Any) -> Any:
         with errors_mapped(self._where, self._secrets):
             async with self._pool.acquire() as db:
-                return await work(_Tx(db), *args, **kwargs)
+                return await work(Tx(db), *args, **kwargs)
 
     async def _write(self, work: Work[..., Any], *args: Any, **kwargs: Any) -> Any:
         async with self._transaction() as db:
-            return await work(_Tx(db), *args, **kwargs)
+            return await work(Tx(db), *args, **kwargs)
 
     # --- the send path ------------------------------------------------------------------------------
 
@@ -149,14 +129,25 @@ class PostgresLedger(reads.OperatorReads):
     async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
         taken = policy.provider_id_taken(outcome, "{holder}").reason  # the SQL names the holder
         arguments = (*core.outcome_values(outcome), operation_id, owner, actor, outcome.reason, taken)
-        if outcome.provider_id is None:
-            async with self._alone() as db:
-                return _recorded(await db.fetchrow(_SQL["record_outcome"], *arguments), operation_id)
-        async with self._transaction() as db:  # the id, and the webhooks that came before it, in one commit
-            await db.execute(_SQL["lock_provider"], outcome.provider_id)  # first: see `lock_provider`
-            recorded = _recorded(await db.fetchrow(_SQL["record_outcome"], *arguments), operation_id)
-            tx = _Tx(db)
-            return await core.must(tx, operation_id) if await core.apply_parked(tx, recorded) else recorded
+
+        async def alone() -> Operation:
+            return await self._record_alone(arguments)
+
+        with errors_mapped(self._where, self._secrets):
+            recorded: Operation = await self._group.run(Job(alone, outcome=arguments))
+        return recorded
+
+    async def _record_alone(self, arguments: tuple[Any, ...]) -> Operation:
+        """One round trip; where webhooks are kept for its message id, a transaction that applies them too."""
+        async with self._alone() as db:
+            answered = await record_outcomes(db, [arguments], refuse_parked=True)
+        if answered is None:
+            async with self._transaction() as db:  # the id, and the webhooks that came before it, in one commit
+                answered = await record_outcomes(db, [arguments], refuse_parked=False)
+        assert answered is not None
+        if isinstance(answered[0], HailGuardError):
+            raise answered[0]
+        return answered[0]
 
     async def _claim_unknown(
         self, owner: str, lease_seconds: float, operation_id: str | None, batch_id: str | None, limit: int
@@ -171,6 +162,17 @@ class PostgresLedger(reads.OperatorReads):
 
     async def claim_ready(
         self, *, owner: str, lease_seconds: float, batch_id: str | None = None, limit: int = 1, hold_lead: bool = True
+    ) -> list[Operation]:
+        async def alone() -> list[Operation]:
+            return await self._claim_alone(owner, lease_seconds, batch_id, limit, hold_lead)
+
+        together = (lease_seconds, batch_id, hold_lead, owner) if limit == 1 else None
+        with errors_mapped(self._where, self._secrets):
+            claimed: list[Operation] = await self._group.run(Job(alone, claim=together))
+        return claimed
+
+    async def _claim_alone(
+        self, owner: str, lease_seconds: float, batch_id: str | None, limit: int, hold_lead: bool
     ) -> list[Operation]:
         async with self._alone() as db:
             if batch_id is None:
@@ -202,7 +204,7 @@ class PostgresLedger(reads.OperatorReads):
         copied into it. Any error anywhere rolls it all back."""
         try:
             async with self._transaction(shielded=False) as db:
-                tx = _Tx(db)
+                tx = Tx(db)
                 await tx.run("create_stage")
                 staged, subjects = 0, set[str]()
                 for chunk in _chunks(intents, planning.PLAN_CHUNK):
@@ -312,18 +314,6 @@ def _found(intent: Intent, verdict: str, rows: Sequence[Row], rules: Rules) -> O
     found = {"matches": Candidates(matches=operations), "holds": Candidates(holds=operations)}
     candidates = found.get(verdict, Candidates(near=operations))
     return policy.decide(intent, candidates, rules)
-
-
-def _recorded(row: Row | None, operation_id: str) -> Operation:
-    """The operation `record_outcome` answered with; `NotFound`, or `LeaseLost` when it was not ours to record."""
-    if row is None:
-        raise core.not_found(operation_id)
-    if row["id"] is None or row["state"] is None:
-        raise LeaseLost(
-            f"operation {operation_id} is no longer ours to record (state {row['before_state']}, "
-            f"claimed by another worker); its outcome was not overwritten"
-        )
-    return core.operation_of(row)
 
 
 class _IntentsRaised(HailGuardError):

@@ -396,7 +396,7 @@ def _candidates(db: sqlite3.Connection, intent: Intent, rules: Rules) -> Candida
 
 
 def _record_outcome(db: sqlite3.Connection, operation_id: str, owner: str, outcome: Outcome, actor: str) -> Operation:
-    before = _must(db, operation_id)
+    before = State(must_row(_fetch(db, "state_of", (operation_id,)), operation_id)["state"])
     if outcome.state is State.ACCEPTED and outcome.provider_id is not None:
         holder = _fetch(db, "provider_id_holder", (outcome.provider_id, operation_id))
         if holder:
@@ -404,10 +404,10 @@ def _record_outcome(db: sqlite3.Connection, operation_id: str, owner: str, outco
     recorded = _fetch(db, "record_outcome", (*core.outcome_values(outcome), operation_id, owner))
     if not recorded:
         raise LeaseLost(
-            f"operation {operation_id} is no longer ours to record (state {before.state.value}, "
+            f"operation {operation_id} is no longer ours to record (state {before.value}, "
             f"claimed by another worker); its outcome was not overwritten"
         )
-    _event(db, operation_id, before.state, outcome.state, actor, outcome.reason)
+    _event(db, operation_id, before, outcome.state, actor, outcome.reason)
     operation = core.operation_of(recorded[0])
     if outcome.provider_id is not None:
         parked = _fetch(db, "parked_webhooks", (outcome.provider_id, core.PARKED_WEBHOOK_SECONDS))
@@ -424,13 +424,12 @@ def _claim_ready(
     _expire(db)
     name, args = ("claim_ready_any", ()) if batch_id is None else ("claim_ready_in_batch", (batch_id,))
     claimed: list[Operation] = []
-    # One at a time: a claim holds its recipients from the next one (one statement's check would not see it).
-    while len(claimed) < limit:
+    while len(claimed) < limit:  # one at a time: each claimed send holds the next to its recipient and lead
         found = _operations(db, name, (owner, lease_seconds, 1, hold_lead, *args))
         if not found:
             break
         _event(db, found[0].id, State.READY, State.SENDING, owner, "claimed; forwarding")
-        claimed += found
+        claimed.extend(found)
     return claimed
 
 

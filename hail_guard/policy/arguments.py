@@ -7,6 +7,7 @@ value that cannot be used, `RefusedByPolicy` for a send without the consent it n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -26,15 +27,32 @@ def validate_arguments(tool: str, arguments: Mapping[str, Any], schema: Mapping[
     """Check arguments against the tool's own input schema, naming the first bad field."""
     nesting.check_arguments(tool, arguments)  # first: the schema check recurses once per level
     try:
-        validator = jsonschema.Draft202012Validator(dict(schema))
+        validator = _validator(schema)
         error = jsonschema.exceptions.best_match(validator.iter_errors(dict(arguments)))
-    except (jsonschema.exceptions.SchemaError, RecursionError, ValueError) as exc:
+    except (jsonschema.exceptions.SchemaError, RecursionError, ValueError, TypeError) as exc:
         raise BadInput(f"the arguments for {tool} cannot be checked: {exc}") from exc
     if error is not None:
         where = ".".join(str(part) for part in error.absolute_path) or "(arguments)"
         raise BadInput(
             f"invalid arguments for {tool}: {where}: {error.message}; fix it and call again (nothing was recorded)"
         )
+
+
+VALIDATORS_KEPT = 256
+"""Compiled validators kept, one per distinct tool schema (an upstream has a few)."""
+_validators: dict[str, jsonschema.Draft202012Validator] = {}
+
+
+def _validator(schema: Mapping[str, Any]) -> jsonschema.Draft202012Validator:
+    """The schema's validator, compiled once per schema and kept by its fingerprint (its JSON, sorted)."""
+    text = json.dumps(schema, sort_keys=True, separators=(",", ":"), default=repr)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    validator = _validators.get(digest)
+    if validator is None:
+        if len(_validators) >= VALIDATORS_KEPT:
+            _validators.clear()
+        validator = _validators[digest] = jsonschema.Draft202012Validator(json.loads(text))
+    return validator
 
 
 def check_rules(spec: ToolSpec, arguments: Mapping[str, Any], tool_schema: Mapping[str, Any]) -> None:

@@ -44,6 +44,7 @@ CREATE TABLE public.operations (
 
 CREATE FUNCTION public.hg_begin_send(p_id text, p_key text, p_tool text, p_channel text, p_recipients jsonb, p_recipient_keys text[], p_request text, p_request_fingerprint text, p_content_fingerprint text, p_sender jsonb, p_campaign_id text, p_lead_id text, p_message_id text, p_batch_id text, p_lead text, p_owner text, p_lease_seconds double precision, p_legacy_key text, p_always text[], p_windowed text[], p_closed_blocks boolean, p_window_seconds double precision, p_hold_lead boolean, p_near boolean, p_compared text[], p_expired_reason text) RETURNS TABLE(verdict text, operation public.operations)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     existing operations;
@@ -188,11 +189,7 @@ DECLARE
     written operations;
     now_ timestamptz;
 BEGIN
-    IF EXISTS (  -- another transaction is sending to one of them right now: leave it for a later claim
-        SELECT 1 FROM unnest(p_keys || CASE WHEN p_lead IS NULL THEN '{}'::text[] ELSE ARRAY['lead:' || p_lead] END)
-            AS subject
-        WHERE NOT pg_try_advisory_xact_lock(hg_lock_key(subject))
-    ) OR EXISTS (SELECT 1 FROM hg_holds(p_keys, p_channel, p_lead) AS h WHERE h.id <> p_id) THEN  -- held: it waits
+    IF NOT hg_claimable(p_id, p_channel, p_keys, p_lead) THEN  -- held: it waits
         RETURN NULL;
     END IF;
     now_ := clock_timestamp();
@@ -209,41 +206,59 @@ $$;
 
 CREATE FUNCTION public.hg_claim_ready(p_owner text, p_lease_seconds double precision, p_limit integer, p_expired_reason text, p_batch_id text, p_only_id text, p_hold_lead boolean) RETURNS SETOF public.operations
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     c record;
     written operations;
-    taken integer := 0;
+BEGIN
+    IF p_only_id IS NULL THEN
+        RETURN QUERY SELECT * FROM hg_claim_ready_for(
+            array_fill(p_owner, ARRAY[GREATEST(p_limit, 0)]), p_lease_seconds, p_expired_reason, p_batch_id,
+            p_hold_lead);
+        RETURN;
+    END IF;
+    IF p_expired_reason IS NOT NULL THEN
+        PERFORM hg_expire_leases(p_expired_reason);
+    END IF;
+    FOR c IN
+        SELECT o.id, o.channel, o.recipient_keys, o.lead FROM operations o
+        WHERE o.id = p_only_id AND o.state IN ('ready')
+          AND (o.not_before IS NULL OR o.not_before <= statement_timestamp()) AND NOT EXISTS (
+            SELECT 1 FROM unnest(o.recipient_keys) AS r (recipient), LATERAL (
+                SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN (o.channel, 'all')
+                LIMIT 1) AS opted_out)
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        written := hg_claim_one(c.id, c.channel, c.recipient_keys, CASE WHEN p_hold_lead THEN c.lead END,
+            p_owner, p_lease_seconds);
+        IF written.id IS NOT NULL THEN
+            RETURN NEXT written;
+        END IF;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION public.hg_claim_ready_for(p_owners text[], p_lease_seconds double precision, p_expired_reason text, p_batch_id text, p_hold_lead boolean) RETURNS SETOF public.operations
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    c record;
+    wanted integer := COALESCE(cardinality(p_owners), 0);
+    chosen text[] := '{}';
+    chosen_keys text[] := '{}';  -- `channel key` of each recipient key of the chosen: they hold it on their channel
+    chosen_leads text[] := '{}';  -- the leads of the chosen: they hold it on any channel (when leads are held)
+    lead_ text;
+    now_ timestamptz;
 BEGIN
     IF p_expired_reason IS NOT NULL THEN
-        WITH picked AS MATERIALIZED (
-            SELECT o.id FROM operations o WHERE o.state IN ('sending') AND o.lease_expires_at <= statement_timestamp()
-            FOR UPDATE SKIP LOCKED),
-        expired AS (
-            UPDATE operations o SET state = 'unknown', updated_at = statement_timestamp(),
-                next_check_at = statement_timestamp()
-            FROM picked WHERE o.id = picked.id
-            RETURNING o.id)
-        INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
-        SELECT expired.id, statement_timestamp(), 'sending', 'unknown', 'ledger', p_expired_reason FROM expired;
+        PERFORM hg_expire_leases(p_expired_reason);
     END IF;
-    IF p_only_id IS NOT NULL THEN
-        FOR c IN
-            SELECT o.id, o.channel, o.recipient_keys, o.lead FROM operations o
-            WHERE o.id = p_only_id AND o.state IN ('ready')
-              AND (o.not_before IS NULL OR o.not_before <= statement_timestamp()) AND NOT EXISTS (
-                SELECT 1 FROM unnest(o.recipient_keys) AS r (recipient), LATERAL (
-                    SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN (o.channel, 'all')
-                    LIMIT 1) AS opted_out)
-            FOR UPDATE SKIP LOCKED
-        LOOP
-            written := hg_claim_one(c.id, c.channel, c.recipient_keys, CASE WHEN p_hold_lead THEN c.lead END,
-                p_owner, p_lease_seconds);
-            IF written.id IS NOT NULL THEN
-                RETURN NEXT written;
-            END IF;
-        END LOOP;
-    ELSIF p_batch_id IS NOT NULL THEN
+    IF wanted = 0 THEN
+        RETURN;
+    END IF;
+    IF p_batch_id IS NOT NULL THEN
         FOR c IN
             SELECT o.id, o.channel, o.recipient_keys, o.lead FROM operations o
             WHERE o.state = 'ready' AND o.batch_id = p_batch_id
@@ -254,13 +269,14 @@ BEGIN
             ORDER BY o.batch_id, o.created_at, o.seq
             FOR UPDATE SKIP LOCKED
         LOOP
-            written := hg_claim_one(c.id, c.channel, c.recipient_keys, CASE WHEN p_hold_lead THEN c.lead END,
-                p_owner, p_lease_seconds);
-            IF written.id IS NOT NULL THEN
-                RETURN NEXT written;
-                taken := taken + 1;
-                EXIT WHEN taken >= p_limit;
-            END IF;
+            lead_ := CASE WHEN p_hold_lead THEN c.lead END;
+            CONTINUE WHEN ARRAY(SELECT c.channel || ' ' || k FROM unnest(c.recipient_keys) AS k) && chosen_keys
+                OR COALESCE(lead_ = ANY (chosen_leads), false)
+                OR NOT hg_claimable(c.id, c.channel, c.recipient_keys, lead_);
+            chosen := chosen || c.id;
+            chosen_keys := chosen_keys || ARRAY(SELECT c.channel || ' ' || k FROM unnest(c.recipient_keys) AS k);
+            chosen_leads := chosen_leads || c.lead;
+            EXIT WHEN cardinality(chosen) >= wanted;
         END LOOP;
     ELSE
         FOR c IN
@@ -273,15 +289,46 @@ BEGIN
             ORDER BY o.created_at, o.seq
             FOR UPDATE SKIP LOCKED
         LOOP
-            written := hg_claim_one(c.id, c.channel, c.recipient_keys, CASE WHEN p_hold_lead THEN c.lead END,
-                p_owner, p_lease_seconds);
-            IF written.id IS NOT NULL THEN
-                RETURN NEXT written;
-                taken := taken + 1;
-                EXIT WHEN taken >= p_limit;
-            END IF;
+            lead_ := CASE WHEN p_hold_lead THEN c.lead END;
+            CONTINUE WHEN ARRAY(SELECT c.channel || ' ' || k FROM unnest(c.recipient_keys) AS k) && chosen_keys
+                OR COALESCE(lead_ = ANY (chosen_leads), false)
+                OR NOT hg_claimable(c.id, c.channel, c.recipient_keys, lead_);
+            chosen := chosen || c.id;
+            chosen_keys := chosen_keys || ARRAY(SELECT c.channel || ' ' || k FROM unnest(c.recipient_keys) AS k);
+            chosen_leads := chosen_leads || c.lead;
+            EXIT WHEN cardinality(chosen) >= wanted;
         END LOOP;
     END IF;
+    IF cardinality(chosen) = 0 THEN
+        RETURN;
+    END IF;
+    now_ := clock_timestamp();
+    RETURN QUERY
+    WITH picked AS (
+        SELECT x.id, p_owners[x.position] AS owner, x.position FROM unnest(chosen) WITH ORDINALITY AS x (id, position)),
+    claimed AS (
+        UPDATE operations o SET state = 'sending', attempts = o.attempts + 1, lease_owner = picked.owner,
+            lease_expires_at = now_ + p_lease_seconds * interval '1 second', updated_at = now_,
+            first_sent_at = COALESCE(o.first_sent_at, now_)
+        FROM picked WHERE o.id = picked.id
+        RETURNING o.*),
+    logged AS (
+        INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+        SELECT claimed.id, now_, 'ready', 'sending', claimed.lease_owner, 'claimed; forwarding'
+        FROM claimed JOIN picked ON picked.id = claimed.id ORDER BY picked.position)
+    SELECT claimed.* FROM claimed JOIN picked ON picked.id = claimed.id ORDER BY picked.position;
+END
+$$;
+
+CREATE FUNCTION public.hg_claimable(p_id text, p_channel text, p_keys text[], p_lead text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RETURN NOT (EXISTS (
+        SELECT 1 FROM unnest(p_keys || CASE WHEN p_lead IS NULL THEN '{}'::text[] ELSE ARRAY['lead:' || p_lead] END)
+            AS subject
+        WHERE NOT pg_try_advisory_xact_lock(hg_lock_key(subject))
+    ) OR EXISTS (SELECT 1 FROM hg_holds(p_keys, p_channel, p_lead) AS h WHERE h.id <> p_id));
 END
 $$;
 
@@ -289,40 +336,133 @@ CREATE FUNCTION public.hg_count_sends() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    INSERT INTO sends_by_hour AS c (hour, state, delivery_state, shard, count)
-    SELECT moved.hour, moved.state, moved.delivery_state, pg_backend_pid() % 16, moved.change
-    FROM (
-        SELECT date_trunc('hour', OLD.first_sent_at, 'UTC') AS hour, OLD.state AS state,
-               COALESCE(OLD.delivery_state, '') AS delivery_state, -1 AS change
-        WHERE TG_OP <> 'INSERT' AND OLD.first_sent_at IS NOT NULL
-        UNION ALL
-        SELECT date_trunc('hour', NEW.first_sent_at, 'UTC'), NEW.state, COALESCE(NEW.delivery_state, ''), 1
-        WHERE TG_OP <> 'DELETE' AND NEW.first_sent_at IS NOT NULL
-    ) AS moved
-    ORDER BY moved.hour, moved.state, moved.delivery_state
-    ON CONFLICT (hour, state, delivery_state, shard) DO UPDATE SET count = c.count + excluded.count;
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO sends_by_hour AS c (hour, state, delivery_state, shard, count)
+        SELECT date_trunc('hour', n.first_sent_at, 'UTC'), n.state, COALESCE(n.delivery_state, ''),
+            pg_backend_pid() % 16, count(*)
+        FROM new_rows n WHERE n.first_sent_at IS NOT NULL
+        GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+        ON CONFLICT (hour, state, delivery_state, shard) DO UPDATE SET count = c.count + excluded.count;
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO sends_by_hour AS c (hour, state, delivery_state, shard, count)
+        SELECT moved.hour, moved.state, moved.delivery_state, pg_backend_pid() % 16, sum(moved.change)
+        FROM (
+            SELECT date_trunc('hour', o.first_sent_at, 'UTC') AS hour, o.state AS state,
+                   COALESCE(o.delivery_state, '') AS delivery_state, -1 AS change
+            FROM old_rows o WHERE o.first_sent_at IS NOT NULL
+            UNION ALL
+            SELECT date_trunc('hour', n.first_sent_at, 'UTC'), n.state, COALESCE(n.delivery_state, ''), 1
+            FROM new_rows n WHERE n.first_sent_at IS NOT NULL
+        ) AS moved
+        GROUP BY 1, 2, 3 HAVING sum(moved.change) <> 0 ORDER BY 1, 2, 3
+        ON CONFLICT (hour, state, delivery_state, shard) DO UPDATE SET count = c.count + excluded.count;
+    ELSE
+        INSERT INTO sends_by_hour AS c (hour, state, delivery_state, shard, count)
+        SELECT date_trunc('hour', o.first_sent_at, 'UTC'), o.state, COALESCE(o.delivery_state, ''),
+            pg_backend_pid() % 16, -count(*)
+        FROM old_rows o WHERE o.first_sent_at IS NOT NULL
+        GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+        ON CONFLICT (hour, state, delivery_state, shard) DO UPDATE SET count = c.count + excluded.count;
+    END IF;
     RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION public.hg_expire_leases(p_reason text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    WITH picked AS MATERIALIZED (
+        SELECT o.id FROM operations o WHERE o.state IN ('sending') AND o.lease_expires_at <= statement_timestamp()
+        FOR UPDATE SKIP LOCKED),
+    expired AS (
+        UPDATE operations o SET state = 'unknown', updated_at = statement_timestamp(),
+            next_check_at = statement_timestamp()
+        FROM picked WHERE o.id = picked.id
+        RETURNING o.id)
+    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+    SELECT expired.id, statement_timestamp(), 'sending', 'unknown', 'ledger', p_reason FROM expired;
 END
 $$;
 
 CREATE FUNCTION public.hg_holds(p_keys text[], p_channel text, p_lead text) RETURNS SETOF public.operations
     LANGUAGE sql STABLE
     AS $$
-    -- Unresolved sends (same_send.HOLDING) to one of these recipient keys on the channel, or to the lead: each
-    -- half walks its index (the recipient's, in byte order as its index; the lead's).
-    SELECT held.* FROM (
-        SELECT o.* FROM operation_recipients r JOIN operations o ON o.id = r.operation_id
-        WHERE r.recipient COLLATE "C" = ANY (p_keys) AND o.channel = p_channel AND o.state IN ('needs_review', 'sending', 'unknown')
-        UNION ALL
-        SELECT o.* FROM operations o WHERE o.lead = p_lead AND o.state IN ('needs_review', 'sending', 'unknown')
-    ) AS held
-    ORDER BY held.created_at, held.seq LIMIT 5
+    -- Unresolved sends (same_send.HOLDING) to one of these recipient keys on the channel, or to the lead. Found
+    -- from the recipients' and the lead's sends (their indexes), each then read by its id (OFFSET 0 keeps that
+    -- order: otherwise the planner starts from every send in a holding state, and the state index also holds the
+    -- old versions of rows that left it until a vacuum: a busy drain leaves thousands).
+    SELECT o.* FROM (
+        SELECT f.id, bool_or(f.by_key) AS by_key FROM (
+            SELECT r.operation_id AS id, true AS by_key FROM operation_recipients r
+            WHERE r.recipient COLLATE "C" = ANY (p_keys)
+            UNION ALL
+            SELECT l.id, false FROM operations l WHERE l.lead = p_lead) AS f
+        GROUP BY f.id) AS c,
+    LATERAL (SELECT x.* FROM operations x WHERE x.id = c.id OFFSET 0) AS o
+    WHERE o.state IN ('needs_review', 'sending', 'unknown') AND ((c.by_key AND o.channel = p_channel) OR o.lead = p_lead)
+    ORDER BY o.created_at, o.seq LIMIT 5
 $$;
 
 CREATE FUNCTION public.hg_lock_key(subject text) RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
     SELECT hashtextextended('hail-guard:' || subject, 0)
+$$;
+
+CREATE FUNCTION public.hg_record_outcomes(p_states text[], p_provider_ids text[], p_results text[], p_errors text[], p_review_reasons text[], p_attempts_back integer[], p_not_before double precision[], p_next_check double precision[], p_ids text[], p_owners text[], p_actors text[], p_reasons text[], p_taken text[], p_parked_seconds double precision, p_refuse_parked boolean) RETURNS TABLE(given_id text, before_state text, operation public.operations, parked boolean)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM pg_advisory_xact_lock(1212633175, ids.h)
+    FROM (SELECT DISTINCT hashtext(p) AS h FROM unnest(p_provider_ids) AS p WHERE p IS NOT NULL) AS ids
+    ORDER BY ids.h;
+    IF p_refuse_parked AND EXISTS (
+        SELECT 1 FROM webhook_deliveries w
+        WHERE w.provider_id = ANY (p_provider_ids) AND w.outcome = 'parked'
+          AND w.received_at >= statement_timestamp() - p_parked_seconds * interval '1 second'
+    ) THEN
+        RAISE EXCEPTION 'webhooks are kept for a message id being recorded' USING ERRCODE = 'HG001';
+    END IF;
+    RETURN QUERY
+    WITH given AS (
+        SELECT * FROM unnest(p_states, p_provider_ids, p_results, p_errors, p_review_reasons, p_attempts_back,
+            p_not_before, p_next_check, p_ids, p_owners, p_actors, p_reasons, p_taken)
+            AS g (state, provider_id, result, last_error, review_reason, attempts_back, not_before, next_check, id,
+                owner, actor, reason, taken)),
+    before AS MATERIALIZED (
+        SELECT o.id, o.state FROM operations o WHERE o.id IN (SELECT g.id FROM given g) ORDER BY o.id FOR UPDATE),
+    holder AS MATERIALIZED (
+        SELECT g.id, h.id AS holder_id, replace(g.taken, '{holder}', h.id) AS reason
+        FROM given g, LATERAL (
+            SELECT o.id FROM operations o WHERE o.provider_id = g.provider_id AND o.id <> g.id LIMIT 1) AS h
+        WHERE g.state = 'accepted' AND g.provider_id IS NOT NULL),
+    recorded AS (
+        UPDATE operations SET state = CASE WHEN holder.holder_id IS NULL THEN g.state ELSE 'needs_review' END,
+            provider_id = CASE WHEN holder.holder_id IS NULL THEN COALESCE(g.provider_id, operations.provider_id)
+                ELSE operations.provider_id END,
+            result = COALESCE(g.result::json, operations.result),
+            last_error = COALESCE(g.last_error, operations.last_error),
+            review_reason = COALESCE(holder.reason, g.review_reason),
+            attempts = operations.attempts - g.attempts_back,
+            not_before = statement_timestamp() + g.not_before * interval '1 second',
+            next_check_at = statement_timestamp() + g.next_check * interval '1 second',
+            lease_expires_at = NULL, updated_at = statement_timestamp()
+        FROM given g JOIN before b ON b.id = g.id LEFT JOIN holder ON holder.id = g.id
+        WHERE operations.id = g.id AND operations.lease_owner = g.owner AND operations.state IN ('sending', 'unknown')
+        RETURNING operations AS op, operations.id, operations.state, operations.provider_id, b.state AS from_state,
+            holder.reason AS taken_reason, g.actor, g.reason),
+    logged AS (
+        INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+        SELECT r.id, statement_timestamp(), r.from_state, r.state, r.actor, COALESCE(r.taken_reason, r.reason)
+        FROM recorded r)
+    SELECT g.id, b.state, r.op, EXISTS (
+        SELECT 1 FROM webhook_deliveries w WHERE w.provider_id = r.provider_id AND w.outcome = 'parked'
+          AND w.received_at >= statement_timestamp() - p_parked_seconds * interval '1 second')
+    FROM given g LEFT JOIN before b ON b.id = g.id LEFT JOIN recorded r ON r.id = g.id;
+END
 $$;
 
 CREATE TABLE public.batches (
@@ -549,11 +689,11 @@ CREATE INDEX webhook_deliveries_by_time ON public.webhook_deliveries USING btree
 
 CREATE INDEX webhook_deliveries_parked ON public.webhook_deliveries USING btree (provider_id, received_at) WHERE (outcome = 'parked'::text);
 
-CREATE TRIGGER sends_by_hour_delete AFTER DELETE ON public.operations FOR EACH ROW WHEN ((old.first_sent_at IS NOT NULL)) EXECUTE FUNCTION public.hg_count_sends();
+CREATE TRIGGER sends_by_hour_delete AFTER DELETE ON public.operations REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION public.hg_count_sends();
 
-CREATE TRIGGER sends_by_hour_insert AFTER INSERT ON public.operations FOR EACH ROW WHEN ((new.first_sent_at IS NOT NULL)) EXECUTE FUNCTION public.hg_count_sends();
+CREATE TRIGGER sends_by_hour_insert AFTER INSERT ON public.operations REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.hg_count_sends();
 
-CREATE TRIGGER sends_by_hour_update AFTER UPDATE OF first_sent_at, state, delivery_state ON public.operations FOR EACH ROW WHEN (((old.first_sent_at IS DISTINCT FROM new.first_sent_at) OR (old.state IS DISTINCT FROM new.state) OR (old.delivery_state IS DISTINCT FROM new.delivery_state))) EXECUTE FUNCTION public.hg_count_sends();
+CREATE TRIGGER sends_by_hour_update AFTER UPDATE ON public.operations REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.hg_count_sends();
 
 ALTER TABLE ONLY public.delivery_events
     ADD CONSTRAINT delivery_events_operation_id_fkey FOREIGN KEY (operation_id) REFERENCES public.operations(id);

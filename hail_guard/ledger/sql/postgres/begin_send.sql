@@ -30,15 +30,20 @@ $$;
 
 CREATE OR REPLACE FUNCTION hg_holds(p_keys text[], p_channel text, p_lead text) RETURNS SETOF operations
 LANGUAGE sql STABLE AS $$
-    -- Unresolved sends (same_send.HOLDING) to one of these recipient keys on the channel, or to the lead: each
-    -- half walks its index (the recipient's, in byte order as its index; the lead's).
-    SELECT held.* FROM (
-        SELECT o.* FROM operation_recipients r JOIN operations o ON o.id = r.operation_id
-        WHERE r.recipient COLLATE "C" = ANY (p_keys) AND o.channel = p_channel AND o.state IN {holding}
-        UNION ALL
-        SELECT o.* FROM operations o WHERE o.lead = p_lead AND o.state IN {holding}
-    ) AS held
-    ORDER BY held.created_at, held.seq LIMIT 5
+    -- Unresolved sends (same_send.HOLDING) to one of these recipient keys on the channel, or to the lead. Found
+    -- from the recipients' and the lead's sends (their indexes), each then read by its id (OFFSET 0 keeps that
+    -- order: otherwise the planner starts from every send in a holding state, and the state index also holds the
+    -- old versions of rows that left it until a vacuum: a busy drain leaves thousands).
+    SELECT o.* FROM (
+        SELECT f.id, bool_or(f.by_key) AS by_key FROM (
+            SELECT r.operation_id AS id, true AS by_key FROM operation_recipients r
+            WHERE r.recipient COLLATE "C" = ANY (p_keys)
+            UNION ALL
+            SELECT l.id, false FROM operations l WHERE l.lead = p_lead) AS f
+        GROUP BY f.id) AS c,
+    LATERAL (SELECT x.* FROM operations x WHERE x.id = c.id OFFSET 0) AS o
+    WHERE o.state IN {holding} AND ((c.by_key AND o.channel = p_channel) OR o.lead = p_lead)
+    ORDER BY o.created_at, o.seq LIMIT 5
 $$;
 
 CREATE OR REPLACE FUNCTION hg_begin_send(
@@ -53,7 +58,7 @@ CREATE OR REPLACE FUNCTION hg_begin_send(
     p_compared text[],  -- the other messages the caller compared already
     p_expired_reason text
 ) RETURNS TABLE (verdict text, operation operations)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     existing operations;
     written operations;

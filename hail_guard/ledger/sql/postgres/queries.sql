@@ -348,35 +348,17 @@ SELECT {columns} FROM hg_claim_ready($1, $2::float8, $3, $4, NULL, NULL, $5)
 -- As claim_ready_any, in batch $6.
 SELECT {columns} FROM hg_claim_ready($1, $2::float8, $3, $4, $6, NULL, $5)
 
--- name: record_outcome
--- Fenced on the lease owner ($10); the event names the state the row was in. One row: `before_state` NULL when
--- there is no such operation, the other columns NULL when it is not ours to record. An accepted answer whose
--- message id ($2) another operation holds goes to review instead, its reason $13 naming that one ({holder}).
-WITH before AS MATERIALIZED (
-    SELECT id, state FROM operations WHERE id = $9 FOR UPDATE),
-holder AS MATERIALIZED (
-    SELECT id FROM operations WHERE $1 = 'accepted' AND provider_id = $2::text AND id <> $9 LIMIT 1),
-taken AS (
-    SELECT holder.id AS holder_id, replace($13, '{holder}', holder.id) AS reason FROM (SELECT 1) AS one
-    LEFT JOIN holder ON true),
-recorded AS (
-    UPDATE operations SET state = CASE WHEN taken.holder_id IS NULL THEN $1 ELSE 'needs_review' END,
-        provider_id = CASE WHEN taken.holder_id IS NULL THEN COALESCE($2, provider_id) ELSE provider_id END,
-        result = COALESCE($3::json, result), last_error = COALESCE($4, last_error),
-        review_reason = COALESCE(taken.reason, $5),
-        attempts = operations.attempts - $6,
-        not_before = {now} + $7::float8 * interval '1 second',
-        next_check_at = {now} + $8::float8 * interval '1 second',
-        lease_expires_at = NULL, updated_at = {now}
-    FROM before, taken
-    WHERE operations.id = $9 AND before.id = $9 AND operations.lease_owner = $10
-      AND operations.state IN {recordable}
-    RETURNING operations.*, before.state AS from_state, taken.reason AS taken_reason),
-logged AS (
-    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
-    SELECT id, {now}, from_state, state, $11, COALESCE(taken_reason, $12) FROM recorded)
-SELECT before.state AS before_state, {recorded_columns}
-FROM before LEFT JOIN recorded ON true
+-- name: record_outcomes
+-- The outcomes of one or many sends, in one round trip: see outcomes.sql. $1 to $13 are arrays (record_outcome's
+-- parameters, an element for each), $14 how long a webhook stays parked, $15 whether one parked raises HG001.
+SELECT r.given_id, r.before_state, (r.operation).*, r.parked
+FROM hg_record_outcomes($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::integer[], $7::float8[],
+    $8::float8[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::float8, $15::boolean) AS r
+
+-- name: claim_ready_for
+-- Claims for several owners at once (the group commit): the n-th operation claimed is owner n's ($1), see claims.sql.
+-- $2 lease seconds, $3 the expiry's reason, $4 the batch (NULL: any), $5 hold leads.
+SELECT {columns} FROM hg_claim_ready_for($1::text[], $2::float8, $3, $4, $5)
 
 -- name: claim_unknown_due
 WITH picked AS MATERIALIZED (

@@ -333,6 +333,9 @@ WHERE id IN (
     ORDER BY batch_id, created_at, rowid LIMIT ?3)
 RETURNING {columns}
 
+-- name: state_of
+SELECT state FROM operations WHERE id = ?1
+
 -- name: provider_id_holder
 -- Another operation (not ?2) that holds the upstream's message id ?1.
 SELECT id FROM operations WHERE provider_id = ?1 AND id != ?2 LIMIT 1
