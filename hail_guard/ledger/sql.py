@@ -12,8 +12,11 @@ operation's columns.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Any
 
 from hail_guard import lifecycle, same_send
 from hail_guard.errors import SchemaTooNew
@@ -66,6 +69,48 @@ NOW = {"sqlite": "((julianday('now') - 2440587.5) * 86400.0)", "postgres": "stat
 """The database's clock (`{now}`): Unix epoch seconds on SQLite, fixed for the statement on PostgreSQL."""
 _NAME = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+_TOKEN = re.compile(
+    r"'(?:[^']|'')*'"  # a string
+    r'|"(?:[^"]|"")*"'  # a quoted name
+    r"|--[^\n]*"  # a comment
+    r"|/\*.*?\*/"  # a block comment
+    r"|(?P<dollar>\$(?:[A-Za-z_]\w*)?\$).*?(?P=dollar)"  # a dollar-quoted string
+    r"|::"  # a cast
+    r"|:(?P<name>[A-Za-z_]\w*)"  # a parameter
+    r"|(?P<positional>[$?]\d+)",  # a positional parameter: refused
+    re.DOTALL,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """A named statement as its driver takes it, and the parameters it names."""
+
+    name: str
+    text: str
+    """`:name` placeholders (SQLite), or `$1`, `$2`, ... (PostgreSQL: `$n` is `names[n - 1]`)."""
+    names: tuple[str, ...]
+    """Each parameter once, in the order of first use."""
+    wanted: frozenset[str]
+
+    def checked(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """`params` themselves, once they are exactly the names the statement uses (for SQLite's `:name`)."""
+        if params.keys() != self.wanted:
+            raise self.mismatch(params)
+        return params
+
+    def values(self, params: Mapping[str, Any]) -> list[Any]:
+        """`params` in the order of `$1`, `$2`, ... (for asyncpg)."""
+        if params.keys() != self.wanted:
+            raise self.mismatch(params)
+        return [params[name] for name in self.names]
+
+    def mismatch(self, params: Mapping[str, Any]) -> TypeError:
+        missing = ", ".join(f":{name}" for name in self.names if name not in params)
+        extra = ", ".join(f":{name}" for name in params if name not in self.wanted)
+        said = [f"it uses {missing}, which the call does not give"] if missing else []
+        said += [f"the call gives {extra}, which it does not use"] if extra else []
+        return TypeError(f"statement {self.name!r}: {'; '.join(said)}")
 
 
 @cache
@@ -77,6 +122,23 @@ def statements(dialect: str) -> dict[str, str]:
     if len(named) != len(parts) // 2:
         raise ValueError(f"sql/{dialect}/queries.sql names a statement twice")
     return named
+
+
+def parsed(name: str, sql: str, dialect: str) -> Statement:
+    """`sql`'s `:name` parameters, in order of first use; for PostgreSQL, each turned into its `$n`."""
+    names: dict[str, int] = {}
+
+    def placeholder(found: re.Match[str]) -> str:
+        if found.group("positional") is not None:
+            raise ValueError(f"statement {name!r} uses {found.group(0)}: name its parameters (:name)")
+        parameter = found.group("name")
+        if parameter is None:
+            return found.group(0)
+        number = names.setdefault(parameter, len(names) + 1)
+        return f"${number}" if dialect == "postgres" else found.group(0)
+
+    text = _TOKEN.sub(placeholder, sql)
+    return Statement(name, text, tuple(names), frozenset(names))
 
 
 def filled(sql: str, dialect: str) -> str:
