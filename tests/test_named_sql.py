@@ -12,6 +12,9 @@ import pytest
 
 from hail_guard.ledger import sql
 
+BACKENDS_OWN = {"claim_ready_any", "claim_ready_in_batch", "expire_leases"}
+"""Send-path statements each backend writes its own way (PostgreSQL's also expire leases, with their reason)."""
+
 
 def test_postgres_placeholders_are_numbered_in_the_order_names_first_appear() -> None:
     statement = sql.parsed("pick", "SELECT * FROM t WHERE b = :second_seen OR a = :first", "postgres")
@@ -66,6 +69,39 @@ def test_a_positional_parameter_is_refused_when_the_file_is_loaded(dialect: str,
         sql.parsed("old_style", written, dialect)
 
 
+@pytest.mark.parametrize("dialect", ["sqlite", "postgres"])
+def test_a_parameter_the_call_does_not_give_is_refused_naming_the_statement_and_the_parameter(dialect: str) -> None:
+    statement = sql.statements(dialect)["link_resend"]
+    given = {"id": "op-2"}
+    with pytest.raises(TypeError, match=r"statement 'link_resend': it uses :resend_of, which the call does not give"):
+        statement.checked(given)
+    with pytest.raises(TypeError, match=r"statement 'link_resend': it uses :resend_of, which the call does not give"):
+        statement.values(given)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgres"])
+def test_a_parameter_the_statement_does_not_use_is_refused_naming_the_statement_and_the_parameter(
+    dialect: str,
+) -> None:
+    statement = sql.statements(dialect)["batch_name"]
+    given = {"batch_id": "B1", "bacth_id": "B1"}
+    with pytest.raises(TypeError, match=r"statement 'batch_name': the call gives :bacth_id, which it does not use"):
+        statement.checked(given)
+    with pytest.raises(TypeError, match=r"statement 'batch_name': the call gives :bacth_id, which it does not use"):
+        statement.values(given)
+
+
+async def test_a_mismatched_call_is_refused_before_it_reaches_the_database(postgres_url: str) -> None:
+    """The connection is closed: any statement sent would fail as a connection error, not as this `TypeError`."""
+    asyncpg = pytest.importorskip("asyncpg", reason="the PostgreSQL ledger needs the `postgres` extra")
+    from hail_guard.ledger.postgres_group import Tx
+
+    db = await asyncpg.connect(postgres_url)
+    await db.close()
+    with pytest.raises(TypeError, match=r"statement 'batch_name': it uses :batch_id, which the call does not give"):
+        await Tx(db).rows("batch_name", id="B1")
+
+
 def test_sqlite_runs_a_statement_with_a_name_twice_a_string_and_a_comment() -> None:
     statement = sql.parsed("sum", "SELECT :a + :a AS twice, ':a' AS literal -- :b\n", "sqlite")
     db = sqlite3.connect(":memory:")
@@ -87,3 +123,11 @@ async def test_postgres_runs_a_translated_statement_with_casts_a_name_twice_a_st
     finally:
         await db.close()
     assert (row["twice"], row["literal"], row["b"]) == (4, ":a", "x")
+
+
+def test_a_statement_of_one_name_takes_the_same_parameters_on_both_dialects() -> None:
+    sqlite, postgres = sql.statements("sqlite"), sql.statements("postgres")
+    shared = set(sqlite) & set(postgres) - BACKENDS_OWN
+    assert len(shared) > 80  # the core's, the console's, planning's, the backfills'
+    differing = {name: (sqlite[name].names, postgres[name].names) for name in sorted(shared)}
+    assert {name: names for name, names in differing.items() if set(names[0]) != set(names[1])} == {}

@@ -29,11 +29,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import operator
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from importlib import resources
-from typing import Any, Final
+from typing import Any
 
 import anyio
 import asyncpg
@@ -41,17 +42,17 @@ import structlog
 
 from hail_guard import policy, recipients, same_send
 from hail_guard.errors import HailGuardError, LedgerError, LedgerUnavailable
-from hail_guard.ledger import backfill, core, planning, reads, sql
+from hail_guard.ledger import backfill, core, params, planning, reads, sql
 from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, Row, Work
+from hail_guard.ledger.params import Params
 from hail_guard.ledger.postgres_errors import describe, errors_mapped
-from hail_guard.ledger.postgres_group import GroupCommit, Job, Tx, record_outcomes
+from hail_guard.ledger.postgres_group import GroupCommit, Job, Tx, bound, record_outcomes
 from hail_guard.ledger.roles import Begin
 from hail_guard.models import Intent, Operation, Outcome, State
 from hail_guard.same_send import Candidates, Rules
 
 log = structlog.get_logger(__name__)
 
-_SQL: Final = sql.statements("postgres")
 MIGRATION_LOCK = 0x4861696C47756172
 """Advisory lock key ("HailGuar") held while migrating, so processes starting at once take turns."""
 _COMPARE_ROUNDS = 3
@@ -64,24 +65,8 @@ RELEASE_SECONDS = 10.0
 """Longest a connection's reset may take when it goes back to the pool; past it the pool drops it."""
 _FUNCTIONS = ("begin_send", "claims", "outcomes")
 """Server-side functions, each in sql/postgres/<name>.sql, (re)created by `migrate` when their text changes."""
-_STAGE_COLUMNS = (
-    "position",
-    "id",
-    "idempotency_key",
-    "tool",
-    "channel",
-    "recipients",
-    "recipient_keys",
-    "request",
-    "request_fingerprint",
-    "content_fingerprint",
-    "sender",
-    "campaign_id",
-    "lead_id",
-    "message_id",
-    "lead",
-    "allow_duplicate",
-)
+_STAGED = operator.itemgetter(*planning.STAGE_COLUMNS)
+"""A staged send's row (`planning.stage_rows`) as COPY takes it: its values in the stage's column order."""
 
 
 class PostgresLedger(reads.OperatorReads):
@@ -91,12 +76,12 @@ class PostgresLedger(reads.OperatorReads):
         self._secrets = secrets
         self._group = GroupCommit(pool)
 
-    async def _read(self, work: Work[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def _read(self, work: Work[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         with errors_mapped(self._where, self._secrets):
             async with self._pool.acquire() as db:
                 return await work(Tx(db), *args, **kwargs)
 
-    async def _write(self, work: Work[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def _write(self, work: Work[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         async with self._transaction() as db:
             return await work(Tx(db), *args, **kwargs)
 
@@ -109,7 +94,7 @@ class PostgresLedger(reads.OperatorReads):
         async with self._alone() as db:
             for _ in range(_COMPARE_ROUNDS):
                 rows = await db.fetch(
-                    _SQL["begin_send"], *begin_arguments(intent, owner, lease_seconds, rules, compared)
+                    *bound("begin_send", **begin_arguments(intent, owner, lease_seconds, rules, compared))
                 )
                 verdict = rows[0]["verdict"]
                 if verdict == "claimed":
@@ -120,7 +105,8 @@ class PostgresLedger(reads.OperatorReads):
                     continue
                 if found is None or found.state is not State.READY or not same_send.repeats(found, intent):
                     return Begin(found or core.operation_of(rows[0]), claimed=False)
-                claimed = await db.fetchrow(_SQL["claim_ready_by_id"], owner, lease_seconds, found.id, rules.hold_lead)
+                again = {"owner": owner, "lease_seconds": lease_seconds, "id": found.id, "hold_lead": rules.hold_lead}
+                claimed = await db.fetchrow(*bound("claim_ready_by_id", **again))
                 return Begin(core.operation_of(claimed), claimed=True) if claimed else Begin(found, claimed=False)
         raise LedgerUnavailable(
             f"the messages of {', '.join(intent.recipients)} kept changing while a send to them was compared; retry"
@@ -128,7 +114,14 @@ class PostgresLedger(reads.OperatorReads):
 
     async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
         taken = policy.provider_id_taken(outcome, "{holder}").reason  # the SQL names the holder
-        arguments = (*core.outcome_values(outcome), operation_id, owner, actor, outcome.reason, taken)
+        arguments = {
+            **params.outcome_values(outcome),
+            "id": operation_id,
+            "owner": owner,
+            "actor": actor,
+            "reason": outcome.reason,
+            "taken": taken,
+        }
 
         async def alone() -> Operation:
             return await self._record_alone(arguments)
@@ -137,7 +130,7 @@ class PostgresLedger(reads.OperatorReads):
             recorded: Operation = await self._group.run(Job(alone, outcome=arguments))
         return recorded
 
-    async def _record_alone(self, arguments: tuple[Any, ...]) -> Operation:
+    async def _record_alone(self, arguments: Params) -> Operation:
         """One round trip; where webhooks are kept for its message id, a transaction that applies them too."""
         async with self._alone() as db:
             answered = await record_outcomes(db, [arguments], refuse_parked=True)
@@ -152,12 +145,14 @@ class PostgresLedger(reads.OperatorReads):
     async def _claim_unknown(
         self, owner: str, lease_seconds: float, operation_id: str | None, batch_id: str | None, limit: int
     ) -> list[Operation]:
+        lease = {"owner": owner, "lease_seconds": lease_seconds, "batch_id": batch_id}
         async with self._alone() as db:
-            await db.fetchval(_SQL["expire_leases"], LEASE_EXPIRED)  # first: what it turns `unknown` is claimed next
+            # first: what it turns `unknown` is claimed next
+            await db.fetchval(*bound("expire_leases", expired_reason=LEASE_EXPIRED))
             if operation_id is not None:  # an operator asked for this one: wait for a lock rather than skip it
-                rows = await db.fetch(_SQL["claim_unknown_by_id"], owner, lease_seconds, batch_id, operation_id)
+                rows = await db.fetch(*bound("claim_unknown_by_id", **lease, id=operation_id))
             else:
-                rows = await db.fetch(_SQL["claim_unknown_due"], owner, lease_seconds, batch_id, limit)
+                rows = await db.fetch(*bound("claim_unknown_due", **lease, limit=limit))
         return [core.operation_of(row) for row in rows]
 
     async def claim_ready(
@@ -174,26 +169,27 @@ class PostgresLedger(reads.OperatorReads):
     async def _claim_alone(
         self, owner: str, lease_seconds: float, batch_id: str | None, limit: int, hold_lead: bool
     ) -> list[Operation]:
+        claim = {"owner": owner, "lease_seconds": lease_seconds, "limit": limit, "hold_lead": hold_lead}
         async with self._alone() as db:
             if batch_id is None:
-                rows = await db.fetch(_SQL["claim_ready_any"], owner, lease_seconds, limit, LEASE_EXPIRED, hold_lead)
+                rows = await db.fetch(*bound("claim_ready_any", **claim, expired_reason=LEASE_EXPIRED))
             else:
                 rows = await db.fetch(
-                    _SQL["claim_ready_in_batch"], owner, lease_seconds, limit, LEASE_EXPIRED, hold_lead, batch_id
+                    *bound("claim_ready_in_batch", **claim, expired_reason=LEASE_EXPIRED, batch_id=batch_id)
                 )
         return [core.operation_of(row) for row in rows]
 
     async def expire_leases(self) -> int:
         async with self._alone() as db:
-            expired: int = await db.fetchval(_SQL["expire_leases"], LEASE_EXPIRED)
+            expired: int = await db.fetchval(*bound("expire_leases", expired_reason=LEASE_EXPIRED))
         return expired
 
     async def claim_delivery_checks(
         self, *, channels: Sequence[str], max_age_seconds: float, hold_seconds: float, limit: int = 50
     ) -> list[Operation]:
-        arguments = core.delivery_check_args(channels, max_age_seconds, hold_seconds, limit)
+        wanted = params.delivery_check_args(channels, max_age_seconds, hold_seconds, limit)
         async with self._alone() as db:
-            rows = await db.fetch(_SQL["claim_delivery_checks"], *arguments)
+            rows = await db.fetch(*bound("claim_delivery_checks", **wanted))
         return [core.operation_of(row) for row in rows]
 
     async def _plan_batch(
@@ -208,12 +204,12 @@ class PostgresLedger(reads.OperatorReads):
                 await tx.run("create_stage")
                 staged, subjects = 0, set[str]()
                 for chunk in _chunks(intents, planning.PLAN_CHUNK):
-                    records = planning.stage_rows(chunk, first=staged + 1)
-                    await db.copy_records_to_table("hg_plan_stage", records=records, columns=_STAGE_COLUMNS)
+                    records = map(_STAGED, planning.stage_rows(chunk, first=staged + 1))
+                    await db.copy_records_to_table("hg_plan_stage", records=records, columns=planning.STAGE_COLUMNS)
                     subjects.update(key for intent in chunk for key in same_send.keys_of_intent(intent))
                     staged += len(chunk)
                 if subjects:  # sends to these recipients wait for this plan: its checks see them, theirs see it
-                    await tx.run("lock_recipients", sorted(subjects))
+                    await tx.run("lock_recipients", subjects=sorted(subjects))
                 await planning.plan_staged(tx, batch_id, name, state, actor, rules, staged)
         except _IntentsRaised as raised:
             raise raised.error from raised.error.__cause__  # the caller's own error, not the ledger's
@@ -279,24 +275,24 @@ class PostgresLedger(reads.OperatorReads):
 
 def begin_arguments(
     intent: Intent, owner: str, lease_seconds: float, rules: Rules, compared: list[str] | None
-) -> tuple[Any, ...]:
-    """The parameters of `begin_send` (hg_begin_send's, in order)."""
+) -> Params:
+    """The parameters of `begin_send` (hg_begin_send's)."""
     always, windowed, closed_block = rules.match_states(allow_duplicate=intent.allow_duplicate)
-    return (
-        str(uuid.uuid4()),
-        *core.intent_values(intent),
-        owner,
-        lease_seconds,
-        intent.legacy_key,
-        json.dumps(always),
-        json.dumps(windowed),
-        closed_block,
-        rules.window_seconds,
-        rules.hold_lead,
-        rules.compares_near and not intent.allow_duplicate,
-        compared,
-        LEASE_EXPIRED,
-    )
+    return {
+        "id": str(uuid.uuid4()),
+        **params.intent_values(intent),
+        "owner": owner,
+        "lease_seconds": lease_seconds,
+        "legacy_key": intent.legacy_key,
+        "always": json.dumps(always),
+        "windowed": json.dumps(windowed),
+        "closed_block": closed_block,
+        "window_seconds": rules.window_seconds,
+        "hold_lead": rules.hold_lead,
+        "compares_near": rules.compares_near and not intent.allow_duplicate,
+        "compared": compared,
+        "expired_reason": LEASE_EXPIRED,
+    }
 
 
 def _found(intent: Intent, verdict: str, rows: Sequence[Row], rules: Rules) -> Operation | None:

@@ -1,11 +1,18 @@
 """Named SQL: each backend's statements live in `sql/<dialect>/queries.sql`, each under `-- name: NAME`;
 its migrations in `migrations/<dialect>/NNNN_*.sql` (`migrations`).
 
-Python only says which statement runs (procrastinate keeps its queries the same way). A statement of
-the same name takes the same parameters, in the same order, on both dialects (`?1`, `?2` on SQLite,
-`$1`, `$2` on PostgreSQL), so the ledger core (`hail_guard.ledger.core`) runs it on either. State sets
-are written `{recordable}`, `{claimable}`, `{holding}`, ... and filled in from `hail_guard.lifecycle` and
-`hail_guard.same_send` when the file is loaded: the SQL never types a state set again. `{columns}` is an
+Python only says which statement runs (procrastinate keeps its queries the same way), and gives its parameters
+by name: every statement writes `:name` placeholders, and a statement of the same name takes the same names on
+both dialects, so the ledger core (`hail_guard.ledger.core`) runs it on either. SQLite binds `:name` from a
+mapping itself; asyncpg takes only `$1`, `$2`, ..., so each PostgreSQL statement is translated once, when the
+file is loaded (`statements` is cached), into its `$n` text and the names in `$n`'s order (`Statement`): a call
+then costs a lookup per parameter, never a parse. The translation reads past `::type` casts, string literals,
+quoted names, dollar quotes and comments; `:name` must start with a letter or `_` (write an array slice
+`a[i : j]` with spaces). A call that leaves out a name its statement uses, or gives one it does not, is refused
+at once (`TypeError`, naming both), before anything reaches the database.
+
+State sets are written `{recordable}`, `{claimable}`, `{holding}`, ... and filled in from `hail_guard.lifecycle`
+and `hail_guard.same_send` when the file is loaded: the SQL never types a state set again. `{columns}` is an
 operation's columns.
 """
 
@@ -114,11 +121,15 @@ class Statement:
 
 
 @cache
-def statements(dialect: str) -> dict[str, str]:
-    """Every named statement of `dialect` (`sqlite` or `postgres`), its state sets filled in."""
+def statements(dialect: str) -> dict[str, Statement]:
+    """Every named statement of `dialect` (`sqlite` or `postgres`), its state sets filled in, as its driver takes
+    it (`Statement`)."""
     text = (resources.files("hail_guard.ledger") / "sql" / dialect / "queries.sql").read_text()
     parts = _NAME.split(text)
-    named = {name: filled(body.strip(), dialect) for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    named = {
+        name: parsed(name, filled(body.strip(), dialect), dialect)
+        for name, body in zip(parts[1::2], parts[2::2], strict=True)
+    }
     if len(named) != len(parts) // 2:
         raise ValueError(f"sql/{dialect}/queries.sql names a statement twice")
     return named
