@@ -40,7 +40,7 @@ import anyio
 import asyncpg
 import structlog
 
-from hail_guard import policy, recipients, same_send
+from hail_guard import policy, same_send
 from hail_guard.errors import HailGuardError, LedgerError, LedgerUnavailable
 from hail_guard.ledger import backfill, core, params, planning, reads, sql
 from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, Row, Work
@@ -448,20 +448,20 @@ async def _migrate(db: asyncpg.Connection, where: str) -> int:
         return latest  # nothing to do: no lock, no DDL (a role without CREATE can use a migrated database)
     async with db.transaction():
         await db.execute(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT}'")
-        await db.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+        await db.execute(*bound("lock_migrations", lock=MIGRATION_LOCK))
         await db.execute(CREATE_SCHEMA_TABLE)
         current = sql.check_version(await _version(db), latest, where)
         pending = [(version, script) for version, script in known if version > current]
         for version, script in pending:
             await db.execute(script)
             if version in _BACKFILLS:
-                await _BACKFILLS[version](db)
-            await db.execute(f"INSERT INTO {_SCHEMA_TABLE} (version) VALUES ($1)", version)
+                await _backfill(Tx(db), _BACKFILLS[version])
+            await db.execute(*bound("record_version", version=version))
         applied = await _applied(db)
         for (checksum, script), name in ((functions[name], name) for name in _FUNCTIONS):
             if (name, checksum) not in applied:
                 await db.execute(script)
-                await db.execute(_RECORD_FUNCTION, name, checksum)
+                await db.execute(*bound("record_function", name=name, checksum=checksum))
     for version, _ in pending:  # committed
         log.info("ledger_migrated", backend="postgres", ledger=where, version=version)
     return latest
@@ -472,12 +472,6 @@ async def _version(db: asyncpg.Connection) -> int:
         return 0
     version: int = await db.fetchval(f"SELECT COALESCE(max(version), 0) FROM {_SCHEMA_TABLE}")
     return version
-
-
-_RECORD_FUNCTION = """
-    INSERT INTO hail_guard_functions (name, checksum) VALUES ($1, $2)
-    ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum
-"""
 
 
 def function_texts() -> dict[str, tuple[str, str]]:
@@ -494,68 +488,18 @@ async def _applied(db: asyncpg.Connection) -> set[tuple[str, str]]:
     return {(row["name"], row["checksum"]) for row in await db.fetch("SELECT name, checksum FROM hail_guard_functions")}
 
 
-async def _backfill_recipients(db: asyncpg.Connection) -> None:
-    """Version 8: recipients, opt-out keys, message fingerprints and senders recomputed (`backfill`)."""
-    rows = await db.fetch("SELECT id, tool, channel, request FROM operations ORDER BY seq")
-    for page in backfill.pages(iter(rows)):
-        found = [(row["id"], backfill.facts(row["tool"], row["channel"], row["request"])) for row in page]
-        await db.executemany(
-            "UPDATE operations SET recipients = $1::jsonb, recipient_keys = $2, content_fingerprint = $3, "
-            "sender = $4::jsonb WHERE id = $5",
-            [
-                (json.dumps(f.recipients), f.recipient_keys, f.content_fingerprint, f.sender, operation_id)
-                for operation_id, f in found
-            ],
-        )
-        await db.executemany(
-            "INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint) VALUES ($1, $2, $3)",
-            [(operation_id, r, f.content_fingerprint) for operation_id, f in found for r in f.recipients],
-        )
-    for row in await db.fetch("SELECT recipient, channel FROM suppressions ORDER BY created_at"):
-        key = recipients.comparable(row["recipient"], row["channel"])  # of two that now read the same, the earliest
+async def _backfill(tx: Tx, step: backfill.Step) -> None:
+    """A migration's stored values recomputed (`backfill`), then each opt-out stored by its recipient's key now."""
+    for page in backfill.pages(iter(await tx.rows(f"backfill_{step.name}_rows"))):
+        updates, reached = step.recompute(page)
+        await tx.run_many(f"backfill_{step.name}", updates)
+        await tx.run_many("backfill_recipient", reached)
+    for row in await tx.rows("backfill_opt_outs"):
+        key = step.opt_out_key(row["recipient"], row["channel"])
         if key != row["recipient"]:
-            await db.execute(
-                "UPDATE suppressions SET recipient = $1 WHERE recipient = $2 AND channel = $3 "
-                "AND NOT EXISTS (SELECT 1 FROM suppressions WHERE recipient = $1 AND channel = $3)",
-                key,
-                row["recipient"],
-                row["channel"],
-            )
-            await db.execute(
-                "DELETE FROM suppressions WHERE recipient = $1 AND channel = $2", row["recipient"], row["channel"]
-            )
+            await tx.run("backfill_opt_out_key", key=key, recipient=row["recipient"], channel=row["channel"])
+            await tx.run("backfill_drop_opt_out", recipient=row["recipient"], channel=row["channel"])
 
 
-async def _backfill_keys(db: asyncpg.Connection) -> None:
-    """Version 11: recipients renormalised, their keys (mailboxes) and the lead recomputed (`backfill`); each
-    recipient key's row of `operation_recipients` written again; opt-outs stored by key."""
-    rows = await db.fetch("SELECT id, channel, recipients, request, content_fingerprint FROM operations ORDER BY seq")
-    for page in backfill.pages(iter(rows)):
-        found = [
-            (row, backfill.renormalised(row["channel"], json.loads(row["recipients"]), row["request"])) for row in page
-        ]
-        await db.executemany(
-            "UPDATE operations SET recipients = $1::jsonb, recipient_keys = $2, lead = $3 WHERE id = $4",
-            [(json.dumps(f.recipients), f.recipient_keys, f.lead, row["id"]) for row, f in found],
-        )
-        await db.executemany(
-            "INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint) VALUES ($1, $2, $3)",
-            [(row["id"], key, row["content_fingerprint"]) for row, f in found for key in f.recipient_keys],
-        )
-    for row in await db.fetch("SELECT recipient, channel FROM suppressions ORDER BY created_at"):
-        key = backfill.opt_out_key(row["recipient"], row["channel"])  # of two that now read the same, the earliest
-        if key != row["recipient"]:
-            await db.execute(
-                "UPDATE suppressions SET recipient = $1 WHERE recipient = $2 AND channel = $3 "
-                "AND NOT EXISTS (SELECT 1 FROM suppressions WHERE recipient = $1 AND channel = $3)",
-                key,
-                row["recipient"],
-                row["channel"],
-            )
-            await db.execute(
-                "DELETE FROM suppressions WHERE recipient = $1 AND channel = $2", row["recipient"], row["channel"]
-            )
-
-
-_BACKFILLS = {8: _backfill_recipients, 11: _backfill_keys}
+_BACKFILLS = {8: backfill.FACTS, 11: backfill.KEYS}
 """Migrations whose stored values are recomputed in Python right after their SQL, in their transaction."""

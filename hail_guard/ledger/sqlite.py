@@ -35,7 +35,7 @@ import anyio
 import anyio.to_thread
 import structlog
 
-from hail_guard import policy, recipients, same_send
+from hail_guard import policy, same_send
 from hail_guard.errors import HailGuardError, LeaseLost, LedgerUnavailable
 from hail_guard.ledger import backfill, core, params, planning, reads, sql
 from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, Row, Tx, Work, must_row
@@ -558,7 +558,7 @@ def _migrate(db: sqlite3.Connection, path: str) -> None:
                 for statement in _statements(script):
                     db.execute(statement)
                 if version in _BACKFILLS:
-                    _BACKFILLS[version](db)
+                    _backfill(db, _BACKFILLS[version])
                 db.execute(f"PRAGMA user_version = {version}")
     except BaseException:
         db.execute("ROLLBACK")
@@ -583,56 +583,18 @@ def _statements(script: str) -> Iterator[str]:
         yield pending  # what is left is comments (it runs as nothing), or an unfinished statement (it fails)
 
 
-def _backfill_recipients(db: sqlite3.Connection) -> None:
-    """Version 6: recipients, opt-out keys, message fingerprints and senders recomputed (`backfill`)."""
-    rows = db.execute("SELECT id, tool, channel, request FROM operations ORDER BY rowid").fetchall()
-    for page in backfill.pages(iter(rows)):
-        found = [(row["id"], backfill.facts(row["tool"], row["channel"], row["request"])) for row in page]
-        db.executemany(
-            "UPDATE operations SET recipients = ?, recipient_keys = ?, content_fingerprint = ?, sender = ? "
-            "WHERE id = ?",
-            [
-                (json.dumps(f.recipients), json.dumps(f.recipient_keys), f.content_fingerprint, f.sender, operation_id)
-                for operation_id, f in found
-            ],
-        )
-        db.executemany(
-            "INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint) VALUES (?, ?, ?)",
-            [(operation_id, r, f.content_fingerprint) for operation_id, f in found for r in f.recipients],
-        )
-    opt_outs = db.execute("SELECT rowid AS id, recipient, channel FROM suppressions ORDER BY created_at").fetchall()
-    for row in opt_outs:  # of two that now read the same, the earliest is kept
-        key = recipients.comparable(row["recipient"], row["channel"])
+def _backfill(db: sqlite3.Connection, step: backfill.Step) -> None:
+    """A migration's stored values recomputed (`backfill`), then each opt-out stored by its recipient's key now."""
+    for page in backfill.pages(iter(_fetch(db, f"backfill_{step.name}_rows"))):
+        updates, reached = step.recompute(page)
+        _run_many(db, f"backfill_{step.name}", updates)
+        _run_many(db, "backfill_recipient", reached)
+    for row in _fetch(db, "backfill_opt_outs"):
+        key = step.opt_out_key(row["recipient"], row["channel"])
         if key != row["recipient"]:
-            moved = db.execute("UPDATE OR IGNORE suppressions SET recipient = ? WHERE rowid = ?", (key, row["id"]))
-            if moved.rowcount == 0:
-                db.execute("DELETE FROM suppressions WHERE rowid = ?", (row["id"],))
+            _run(db, "backfill_opt_out_key", key=key, recipient=row["recipient"], channel=row["channel"])
+            _run(db, "backfill_drop_opt_out", recipient=row["recipient"], channel=row["channel"])
 
 
-def _backfill_keys(db: sqlite3.Connection) -> None:
-    """Version 9: recipients renormalised, their keys (mailboxes) and the lead recomputed (`backfill`); each
-    recipient key's row of `operation_recipients` written again; opt-outs stored by key."""
-    rows = db.execute("SELECT id, channel, recipients, request, content_fingerprint FROM operations ORDER BY rowid")
-    for page in backfill.pages(iter(rows.fetchall())):
-        found = [
-            (row, backfill.renormalised(row["channel"], json.loads(row["recipients"]), row["request"])) for row in page
-        ]
-        db.executemany(
-            "UPDATE operations SET recipients = ?, recipient_keys = ?, lead = ? WHERE id = ?",
-            [(json.dumps(f.recipients), json.dumps(f.recipient_keys), f.lead, row["id"]) for row, f in found],
-        )
-        db.executemany(
-            "INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint) VALUES (?, ?, ?)",
-            [(row["id"], key, row["content_fingerprint"]) for row, f in found for key in f.recipient_keys],
-        )
-    opt_outs = db.execute("SELECT rowid AS id, recipient, channel FROM suppressions ORDER BY created_at").fetchall()
-    for row in opt_outs:  # of two that now read the same, the earliest is kept
-        key = backfill.opt_out_key(row["recipient"], row["channel"])
-        if key != row["recipient"]:
-            moved = db.execute("UPDATE OR IGNORE suppressions SET recipient = ? WHERE rowid = ?", (key, row["id"]))
-            if moved.rowcount == 0:
-                db.execute("DELETE FROM suppressions WHERE rowid = ?", (row["id"],))
-
-
-_BACKFILLS: dict[int, Callable[[sqlite3.Connection], None]] = {6: _backfill_recipients, 9: _backfill_keys}
+_BACKFILLS = {6: backfill.FACTS, 9: backfill.KEYS}
 """Migrations whose stored values are recomputed in Python right after their SQL, in their transaction."""

@@ -581,3 +581,51 @@ SELECT id, who, role, batch_id, started_at, seen_at FROM heartbeats ORDER BY sta
 -- name: tool_definitions
 SELECT fingerprint, definition FROM upstream_tool_definitions
 WHERE fingerprint IN (SELECT jsonb_array_elements_text(:fingerprints::jsonb))
+
+-- ---------------------------------------------------------------------------------------------------
+-- Migrating (hail_guard/ledger/postgres.py `migrate`), in one transaction under an advisory lock.
+
+-- name: lock_migrations
+SELECT pg_advisory_xact_lock(:lock)
+
+-- name: record_version
+INSERT INTO hail_guard_schema_version (version) VALUES (:version)
+
+-- name: record_function
+INSERT INTO hail_guard_functions (name, checksum) VALUES (:name, :checksum)
+ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum
+
+-- The migrations' backfills (hail_guard/ledger/backfill.py), in the transaction of the migration that needs them
+-- (versions 8 and 11), on the tables as that version left them.
+
+-- name: backfill_facts_rows
+SELECT id, tool, channel, request FROM operations ORDER BY seq
+
+-- name: backfill_facts
+UPDATE operations SET recipients = :recipients::jsonb,
+    recipient_keys = ARRAY(SELECT jsonb_array_elements_text(:recipient_keys::jsonb)),
+    content_fingerprint = :content_fingerprint, sender = :sender::jsonb
+WHERE id = :id
+
+-- name: backfill_keys_rows
+SELECT id, channel, recipients, request, content_fingerprint FROM operations ORDER BY seq
+
+-- name: backfill_keys
+UPDATE operations SET recipients = :recipients::jsonb,
+    recipient_keys = ARRAY(SELECT jsonb_array_elements_text(:recipient_keys::jsonb)), lead = :lead
+WHERE id = :id
+
+-- name: backfill_recipient
+INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
+VALUES (:operation_id, :recipient, :content_fingerprint)
+
+-- name: backfill_opt_outs
+SELECT recipient, channel FROM suppressions ORDER BY created_at
+
+-- name: backfill_opt_out_key
+-- Nothing when another opt-out already reads :key on its channel: that one is kept, and this one dropped next.
+UPDATE suppressions SET recipient = :key WHERE recipient = :recipient AND channel = :channel
+  AND NOT EXISTS (SELECT 1 FROM suppressions WHERE recipient = :key AND channel = :channel)
+
+-- name: backfill_drop_opt_out
+DELETE FROM suppressions WHERE recipient = :recipient AND channel = :channel

@@ -631,3 +631,36 @@ SELECT id, who, role, batch_id, started_at, seen_at FROM heartbeats ORDER BY sta
 -- name: tool_definitions
 SELECT fingerprint, definition FROM upstream_tool_definitions
 WHERE fingerprint IN (SELECT value FROM json_each(:fingerprints))
+
+-- ---------------------------------------------------------------------------------------------------
+-- The migrations' backfills (hail_guard/ledger/backfill.py), in the transaction of the migration that needs them
+-- (versions 6 and 9), on the tables as that version left them.
+
+-- name: backfill_facts_rows
+SELECT id, tool, channel, request FROM operations ORDER BY rowid
+
+-- name: backfill_facts
+UPDATE operations SET recipients = :recipients, recipient_keys = :recipient_keys,
+    content_fingerprint = :content_fingerprint, sender = :sender
+WHERE id = :id
+
+-- name: backfill_keys_rows
+SELECT id, channel, recipients, request, content_fingerprint FROM operations ORDER BY rowid
+
+-- name: backfill_keys
+UPDATE operations SET recipients = :recipients, recipient_keys = :recipient_keys, lead = :lead WHERE id = :id
+
+-- name: backfill_recipient
+INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
+VALUES (:operation_id, :recipient, :content_fingerprint)
+
+-- name: backfill_opt_outs
+SELECT recipient, channel FROM suppressions ORDER BY created_at
+
+-- name: backfill_opt_out_key
+-- Nothing when another opt-out already reads :key on its channel: that one is kept, and this one dropped next.
+UPDATE suppressions SET recipient = :key WHERE recipient = :recipient AND channel = :channel
+  AND NOT EXISTS (SELECT 1 FROM suppressions WHERE recipient = :key AND channel = :channel)
+
+-- name: backfill_drop_opt_out
+DELETE FROM suppressions WHERE recipient = :recipient AND channel = :channel
