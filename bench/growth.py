@@ -312,7 +312,7 @@ def sqlite_plans(url: str) -> list[dict[str, Any]]:
     try:
         plans = []
         for query, statement in _SQLITE_QUERIES.items():
-            rows = db.execute(f"EXPLAIN QUERY PLAN {statement.text}", dict.fromkeys(statement.names)).fetchall()
+            rows = db.execute(f"EXPLAIN QUERY PLAN {statement.text}", [None] * len(statement.names)).fetchall()
             lines = [f"{'  ' * _depth(rows, row)}{row[3]}" for row in rows]
             plans.append(
                 {"query": query, "plan": lines, "uses_index": not any(_FULL_SCAN_SQLITE.search(x) for x in lines)}

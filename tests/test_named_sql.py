@@ -1,4 +1,4 @@
-"""Named SQL parameters: every statement writes `:name`; asyncpg's `$n` text is made once, when the file loads.
+"""Named SQL parameters: every statement writes `:name`; its numbered text (`$n`, `?n`) is made once, at load.
 
 The translation (`sql.parsed`) reads past casts, strings, quoted names, dollar quotes and comments; a call that
 leaves out a name or gives one the statement does not use is refused before anything reaches the database.
@@ -20,20 +20,22 @@ def test_postgres_placeholders_are_numbered_in_the_order_names_first_appear() ->
     statement = sql.parsed("pick", "SELECT * FROM t WHERE b = :second_seen OR a = :first", "postgres")
     assert statement.text == "SELECT * FROM t WHERE b = $1 OR a = $2"
     assert statement.names == ("second_seen", "first")
-    assert statement.values({"first": 1, "second_seen": 2}) == [2, 1]
+    assert statement.values({"first": 1, "second_seen": 2}) == (2, 1)
 
 
-def test_sqlite_keeps_its_named_placeholders_and_binds_the_mapping_itself() -> None:
-    statement = sql.parsed("pick", "SELECT :a + :b", "sqlite")
-    assert statement.text == "SELECT :a + :b"
-    assert statement.checked({"b": 2, "a": 1}) == {"b": 2, "a": 1}
+def test_sqlite_placeholders_are_numbered_alike_and_a_statement_of_one_name_gets_a_tuple() -> None:
+    statement = sql.parsed("pick", "SELECT :b + :a", "sqlite")
+    assert statement.text == "SELECT ?1 + ?2"
+    assert statement.values({"a": 1, "b": 2}) == (2, 1)
+    assert sql.parsed("one", "SELECT :a", "sqlite").values({"a": 1}) == (1,)
+    assert sql.parsed("none", "SELECT 1", "sqlite").values({}) == ()
 
 
 def test_a_name_used_twice_is_one_parameter_given_once() -> None:
     statement = sql.parsed("twice", "SELECT :id, x FROM t WHERE :id IS NULL OR id = :id", "postgres")
     assert statement.text == "SELECT $1, x FROM t WHERE $1 IS NULL OR id = $1"
     assert statement.names == ("id",)
-    assert statement.values({"id": "op-1"}) == ["op-1"]
+    assert statement.values({"id": "op-1"}) == ("op-1",)
 
 
 def test_casts_are_not_parameters() -> None:
@@ -106,7 +108,7 @@ def test_sqlite_runs_a_statement_with_a_name_twice_a_string_and_a_comment() -> N
     statement = sql.parsed("sum", "SELECT :a + :a AS twice, ':a' AS literal -- :b\n", "sqlite")
     db = sqlite3.connect(":memory:")
     try:
-        assert db.execute(statement.text, statement.checked({"a": 2})).fetchall() == [(4, ":a")]
+        assert db.execute(statement.text, statement.values({"a": 2})).fetchall() == [(4, ":a")]
     finally:
         db.close()
 

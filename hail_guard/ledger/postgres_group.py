@@ -239,11 +239,11 @@ def recorded_operation(row: Row | None, operation_id: str) -> Operation:
     return core.operation_of(row)
 
 
-def bound(name: str, /, **params: Any) -> list[Any]:
+def bound(name: str, /, **params: Any) -> tuple[Any, ...]:
     """Statement `name` as asyncpg takes it: its `$n` text, then its parameters in `$n`'s order (`sql.Statement`), for
     `fetch`, `fetchrow`, `fetchval` and `execute` alike: `await db.fetch(*bound("batch_name", batch_id=...))`."""
     statement = _SQL[name]
-    return [statement.text, *statement.values(params)]
+    return (statement.text, *statement.values(params))
 
 
 class Tx:

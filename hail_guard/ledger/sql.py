@@ -3,13 +3,14 @@ its migrations in `migrations/<dialect>/NNNN_*.sql` (`migrations`).
 
 Python only says which statement runs (procrastinate keeps its queries the same way), and gives its parameters
 by name: every statement writes `:name` placeholders, and a statement of the same name takes the same names on
-both dialects, so the ledger core (`hail_guard.ledger.core`) runs it on either. SQLite binds `:name` from a
-mapping itself; asyncpg takes only `$1`, `$2`, ..., so each PostgreSQL statement is translated once, when the
-file is loaded (`statements` is cached), into its `$n` text and the names in `$n`'s order (`Statement`): a call
-then costs a lookup per parameter, never a parse. The translation reads past `::type` casts, string literals,
-quoted names, dollar quotes and comments; `:name` must start with a letter or `_` (write an array slice
-`a[i : j]` with spaces). A call that leaves out a name its statement uses, or gives one it does not, is refused
-at once (`TypeError`, naming both), before anything reaches the database.
+both dialects, so the ledger core (`hail_guard.ledger.core`) runs it on either. asyncpg takes only `$1`, `$2`,
+..., so each statement is translated once, when the file is loaded (`statements` is cached), into numbered
+placeholders (`$n` for asyncpg, `?n` for sqlite3: binding by position costs it less than its own lookup of
+each name) and the names in their order (`Statement`): a call then costs one `itemgetter` over its mapping,
+never a parse. The translation reads past `::type` casts, string literals, quoted names, dollar quotes and
+comments; `:name` must start with a letter or `_` (write an array slice `a[i : j]` with spaces). A call that
+leaves out a name its statement uses, or gives one it does not, is refused at once (`TypeError`, naming both),
+before anything reaches the database.
 
 State sets are written `{recordable}`, `{claimable}`, `{holding}`, ... and filled in from `hail_guard.lifecycle`
 and `hail_guard.same_send` when the file is loaded: the SQL never types a state set again. `{columns}` is an
@@ -18,9 +19,10 @@ operation's columns.
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -95,26 +97,25 @@ class Statement:
 
     name: str
     text: str
-    """`:name` placeholders (SQLite), or `$1`, `$2`, ... (PostgreSQL: `$n` is `names[n - 1]`)."""
+    """Numbered where the file wrote `:name`: `$1`, `$2`, ... (PostgreSQL) or `?1`, `?2`, ... (SQLite), the n-th
+    being `names[n - 1]`."""
     names: tuple[str, ...]
     """Each parameter once, in the order of first use."""
-    wanted: frozenset[str]
+    ordered: Callable[[Mapping[str, Any]], tuple[Any, ...]] = field(repr=False, compare=False)
+    """A mapping's values in `names`' order (`KeyError` for a name it lacks)."""
 
-    def checked(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
-        """`params` themselves, once they are exactly the names the statement uses (for SQLite's `:name`)."""
-        if params.keys() != self.wanted:
+    def values(self, params: Mapping[str, Any]) -> tuple[Any, ...]:
+        """`params` in the order of the statement's placeholders, once they are exactly the names it uses."""
+        if len(params) != len(self.names):
             raise self.mismatch(params)
-        return params
-
-    def values(self, params: Mapping[str, Any]) -> list[Any]:
-        """`params` in the order of `$1`, `$2`, ... (for asyncpg)."""
-        if params.keys() != self.wanted:
-            raise self.mismatch(params)
-        return [params[name] for name in self.names]
+        try:
+            return self.ordered(params)
+        except KeyError:
+            raise self.mismatch(params) from None
 
     def mismatch(self, params: Mapping[str, Any]) -> TypeError:
         missing = ", ".join(f":{name}" for name in self.names if name not in params)
-        extra = ", ".join(f":{name}" for name in params if name not in self.wanted)
+        extra = ", ".join(f":{name}" for name in params if name not in self.names)
         said = [f"it uses {missing}, which the call does not give"] if missing else []
         said += [f"the call gives {extra}, which it does not use"] if extra else []
         return TypeError(f"statement {self.name!r}: {'; '.join(said)}")
@@ -136,8 +137,9 @@ def statements(dialect: str) -> dict[str, Statement]:
 
 
 def parsed(name: str, sql: str, dialect: str) -> Statement:
-    """`sql`'s `:name` parameters, in order of first use; for PostgreSQL, each turned into its `$n`."""
+    """`sql`'s `:name` parameters, in order of first use, each turned into its number (`$n` or `?n`)."""
     names: dict[str, int] = {}
+    mark = "$" if dialect == "postgres" else "?"
 
     def placeholder(found: re.Match[str]) -> str:
         if found.group("positional") is not None:
@@ -145,11 +147,18 @@ def parsed(name: str, sql: str, dialect: str) -> Statement:
         parameter = found.group("name")
         if parameter is None:
             return found.group(0)
-        number = names.setdefault(parameter, len(names) + 1)
-        return f"${number}" if dialect == "postgres" else found.group(0)
+        return f"{mark}{names.setdefault(parameter, len(names) + 1)}"
 
     text = _TOKEN.sub(placeholder, sql)
-    return Statement(name, text, tuple(names), frozenset(names))
+    return Statement(name, text, tuple(names), _ordered(tuple(names)))
+
+
+def _ordered(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """`itemgetter` over `names`, always answering a tuple (it answers the bare value for one name)."""
+    if len(names) > 1:
+        getter: Callable[[Mapping[str, Any]], tuple[Any, ...]] = operator.itemgetter(*names)
+        return getter
+    return lambda params: tuple(params[name] for name in names)
 
 
 def filled(sql: str, dialect: str) -> str:

@@ -76,14 +76,14 @@ async def _on_thread(db: aiosqlite.Connection, function: Callable[..., Any], *ar
 
 
 class _Tx:
-    """`core.Tx` over an aiosqlite connection: a trip to its thread per statement (sqlite3 binds `:name` itself)."""
+    """`core.Tx` over an aiosqlite connection: a trip to its thread per statement."""
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
 
     async def rows(self, name: str, /, **params: Any) -> list[Row]:
         statement = _SQL[name]
-        found = await self._db.execute_fetchall(statement.text, statement.checked(params))
+        found = await self._db.execute_fetchall(statement.text, statement.values(params))
         return list(found)  # type: ignore[arg-type]  # dicts: the connection's row factory is `_dict_row`
 
     async def row(self, name: str, /, **params: Any) -> Row | None:
@@ -92,13 +92,13 @@ class _Tx:
 
     async def run(self, name: str, /, **params: Any) -> int:
         statement = _SQL[name]
-        cursor = await self._db.execute(statement.text, statement.checked(params))
+        cursor = await self._db.execute(statement.text, statement.values(params))
         return cursor.rowcount
 
     async def run_many(self, name: str, params: Sequence[Params], /) -> None:
         if params:
             statement = _SQL[name]
-            await self._db.executemany(statement.text, [statement.checked(each) for each in params])
+            await self._db.executemany(statement.text, [statement.values(each) for each in params])
 
 
 @dataclass(eq=False)
@@ -264,7 +264,7 @@ class SqliteLedger(reads.OperatorReads):
         self, *, channels: Sequence[str], max_age_seconds: float, hold_seconds: float, limit: int = 50
     ) -> list[Operation]:
         wanted = params.delivery_check_args(channels, max_age_seconds, hold_seconds, limit)
-        return await self._grouped(_operations, "claim_delivery_checks", **wanted)
+        return await self._grouped(_operations, "claim_delivery_checks", wanted)
 
     async def _plan_batch(
         self, batch_id: str, name: str | None, intents: Iterable[Intent], state: State, actor: str, rules: Rules
@@ -315,43 +315,38 @@ async def _quick_check(tx: Tx, /) -> list[str]:
     return [str(next(iter(row.values()))) for row in await tx.rows("quick_check")]
 
 
-# --- the send path, on the writing connection's thread ---------------------------------------------------
+# --- the send path, on the writing connection's thread (a statement's parameters in one dict, passed on as it is)
 
 
-def _fetch(db: sqlite3.Connection, name: str, /, **params: Any) -> list[Row]:
+def _fetch(db: sqlite3.Connection, name: str, given: Params) -> list[Row]:
     statement = _SQL[name]
-    return db.execute(statement.text, statement.checked(params)).fetchall()
+    return db.execute(statement.text, statement.values(given)).fetchall()
 
 
-def _run(db: sqlite3.Connection, name: str, /, **params: Any) -> int:
+def _run(db: sqlite3.Connection, name: str, given: Params) -> int:
     statement = _SQL[name]
-    return db.execute(statement.text, statement.checked(params)).rowcount
+    return db.execute(statement.text, statement.values(given)).rowcount
 
 
 def _run_many(db: sqlite3.Connection, name: str, rows: Sequence[Params]) -> None:
     statement = _SQL[name]
-    db.executemany(statement.text, [statement.checked(each) for each in rows])
+    db.executemany(statement.text, [statement.values(each) for each in rows])
 
 
-def _operations(db: sqlite3.Connection, name: str, /, **params: Any) -> list[Operation]:
-    return [core.operation_of(row) for row in _fetch(db, name, **params)]
-
-
-def _one(db: sqlite3.Connection, name: str, /, **params: Any) -> Operation | None:
-    found = _fetch(db, name, **params)
-    return core.operation_of(found[0]) if found else None
+def _operations(db: sqlite3.Connection, name: str, given: Params) -> list[Operation]:
+    return [core.operation_of(row) for row in _fetch(db, name, given)]
 
 
 def _must(db: sqlite3.Connection, operation_id: str) -> Operation:
-    return core.operation_of(must_row(_fetch(db, "operation_by_id", id=operation_id), operation_id))
+    return core.operation_of(must_row(_fetch(db, "operation_by_id", {"id": operation_id}), operation_id))
 
 
 def _event(db: sqlite3.Connection, operation_id: str, before: State | None, after: State, actor: str, why: str) -> None:
-    _run(db, "record_event", **core.event_values(operation_id, before, after, actor, why))
+    _run(db, "record_event", core.event_values(operation_id, before, after, actor, why))
 
 
 def _expire(db: sqlite3.Connection) -> int:
-    expired = [row["id"] for row in _fetch(db, "expire_leases")]
+    expired = [row["id"] for row in _fetch(db, "expire_leases", {})]
     for operation_id in expired:
         _event(db, operation_id, State.SENDING, State.UNKNOWN, "ledger", LEASE_EXPIRED)
     return len(expired)
@@ -359,7 +354,8 @@ def _expire(db: sqlite3.Connection) -> int:
 
 def _begin_send(db: sqlite3.Connection, intent: Intent, owner: str, lease_seconds: float, rules: Rules) -> Begin:
     _expire(db)
-    existing = _one(db, "operation_by_keys", idempotency_key=intent.idempotency_key, legacy_key=intent.legacy_key)
+    keys = {"idempotency_key": intent.idempotency_key, "legacy_key": intent.legacy_key}
+    existing = next(iter(_operations(db, "operation_by_keys", keys)), None)
     if existing is not None:
         if not same_send.repeats(existing, intent):
             return Begin(existing, claimed=False)  # the key holds another message: the caller refuses it
@@ -370,9 +366,9 @@ def _begin_send(db: sqlite3.Connection, intent: Intent, owner: str, lease_second
     if answer is not None:
         return _claim_if_ready(db, answer, owner, lease_seconds, rules)
     operation_id = str(uuid.uuid4())
-    values = params.intent_values(intent)
-    [row] = _fetch(db, "insert_sending", id=operation_id, **values, owner=owner, lease_seconds=lease_seconds)
-    _run(db, "insert_operation_recipients", id=operation_id)
+    sending = {"id": operation_id, **params.intent_values(intent), "owner": owner, "lease_seconds": lease_seconds}
+    [row] = _fetch(db, "insert_sending", sending)
+    _run(db, "insert_operation_recipients", {"id": operation_id})
     _event(db, operation_id, None, State.SENDING, owner, "intent recorded; forwarding")
     return Begin(core.operation_of(row), claimed=True)
 
@@ -382,9 +378,8 @@ def _claim_if_ready(
 ) -> Begin:
     """A `ready` operation is claimed to be sent now (under its own key and request), unless its recipient is held;
     any other is answered from."""
-    claimed = _fetch(
-        db, "claim_ready_by_id", owner=owner, lease_seconds=lease_seconds, id=operation.id, hold_lead=rules.hold_lead
-    )
+    claim = {"owner": owner, "lease_seconds": lease_seconds, "id": operation.id, "hold_lead": rules.hold_lead}
+    claimed = _fetch(db, "claim_ready_by_id", claim)
     if not claimed:
         return Begin(operation, claimed=False)
     _event(db, operation.id, State.READY, State.SENDING, owner, "claimed; forwarding")
@@ -393,27 +388,27 @@ def _claim_if_ready(
 
 def _opted_out(db: sqlite3.Connection, reached: Sequence[str], channel: str) -> bool:
     probes = core.opt_out_probes(reached, channel)
-    return bool(probes) and bool(_fetch(db, "opted_out", keys=json.dumps(probes), channel=channel))
+    return bool(probes) and bool(_fetch(db, "opted_out", {"keys": json.dumps(probes), "channel": channel}))
 
 
 def _candidates(db: sqlite3.Connection, intent: Intent, rules: Rules) -> Candidates:
     """What the ledger holds that the rules about the same send compare `intent` with (see `same_send`)."""
-    matches = _operations(db, "matches", **params.match_args(intent, rules))
+    matches = _operations(db, "matches", params.match_args(intent, rules))
     if matches:
         return Candidates(matches=matches)
-    holds = _operations(db, "holds", **params.hold_args(intent, rules))
+    holds = _operations(db, "holds", params.hold_args(intent, rules))
     if holds or not rules.compares_near or intent.allow_duplicate:
         return Candidates(holds=holds)
-    return Candidates(near=_operations(db, "near", **params.near_args(intent, rules)))
+    return Candidates(near=_operations(db, "near", params.near_args(intent, rules)))
 
 
 def _record_outcome(db: sqlite3.Connection, operation_id: str, owner: str, outcome: Outcome, actor: str) -> Operation:
-    before = State(must_row(_fetch(db, "state_of", id=operation_id), operation_id)["state"])
+    before = State(must_row(_fetch(db, "state_of", {"id": operation_id}), operation_id)["state"])
     if outcome.state is State.ACCEPTED and outcome.provider_id is not None:
-        holder = _fetch(db, "provider_id_holder", provider_id=outcome.provider_id, id=operation_id)
+        holder = _fetch(db, "provider_id_holder", {"provider_id": outcome.provider_id, "id": operation_id})
         if holder:
             outcome = policy.provider_id_taken(outcome, holder[0]["id"])
-    recorded = _fetch(db, "record_outcome", **params.outcome_values(outcome), id=operation_id, owner=owner)
+    recorded = _fetch(db, "record_outcome", {**params.outcome_values(outcome), "id": operation_id, "owner": owner})
     if not recorded:
         raise LeaseLost(
             f"operation {operation_id} is no longer ours to record (state {before.value}, "
@@ -422,9 +417,8 @@ def _record_outcome(db: sqlite3.Connection, operation_id: str, owner: str, outco
     _event(db, operation_id, before, outcome.state, actor, outcome.reason)
     operation = core.operation_of(recorded[0])
     if outcome.provider_id is not None:
-        parked = _fetch(
-            db, "parked_webhooks", provider_id=outcome.provider_id, within_seconds=core.PARKED_WEBHOOK_SECONDS
-        )
+        kept = {"provider_id": outcome.provider_id, "within_seconds": core.PARKED_WEBHOOK_SECONDS}
+        parked = _fetch(db, "parked_webhooks", kept)
         if parked:  # webhooks that came before the id: applied in this same commit
             for name, rows in core.parked_writes(operation, parked):
                 _run_many(db, name, rows)
@@ -437,9 +431,10 @@ def _claim_ready(
 ) -> list[Operation]:
     _expire(db)
     name, batch = ("claim_ready_any", {}) if batch_id is None else ("claim_ready_in_batch", {"batch_id": batch_id})
+    claim = {"owner": owner, "lease_seconds": lease_seconds, "limit": 1, "hold_lead": hold_lead, **batch}
     claimed: list[Operation] = []
     while len(claimed) < limit:  # one at a time: each claimed send holds the next to its recipient and lead
-        found = _operations(db, name, owner=owner, lease_seconds=lease_seconds, limit=1, hold_lead=hold_lead, **batch)
+        found = _operations(db, name, claim)
         if not found:
             break
         _event(db, found[0].id, State.READY, State.SENDING, owner, "claimed; forwarding")
@@ -453,8 +448,8 @@ def _claim_unknown(
     _expire(db)
     lease = {"owner": owner, "lease_seconds": lease_seconds, "batch_id": batch_id}
     if operation_id is not None:
-        return _operations(db, "claim_unknown_by_id", **lease, id=operation_id)
-    return _operations(db, "claim_unknown_due", **lease, limit=limit)
+        return _operations(db, "claim_unknown_by_id", {**lease, "id": operation_id})
+    return _operations(db, "claim_unknown_due", {**lease, "limit": limit})
 
 
 # --- planning a batch ----------------------------------------------------------------------------------
@@ -585,15 +580,16 @@ def _statements(script: str) -> Iterator[str]:
 
 def _backfill(db: sqlite3.Connection, step: backfill.Step) -> None:
     """A migration's stored values recomputed (`backfill`), then each opt-out stored by its recipient's key now."""
-    for page in backfill.pages(iter(_fetch(db, f"backfill_{step.name}_rows"))):
+    for page in backfill.pages(iter(_fetch(db, f"backfill_{step.name}_rows", {}))):
         updates, reached = step.recompute(page)
         _run_many(db, f"backfill_{step.name}", updates)
         _run_many(db, "backfill_recipient", reached)
-    for row in _fetch(db, "backfill_opt_outs"):
+    for row in _fetch(db, "backfill_opt_outs", {}):
         key = step.opt_out_key(row["recipient"], row["channel"])
         if key != row["recipient"]:
-            _run(db, "backfill_opt_out_key", key=key, recipient=row["recipient"], channel=row["channel"])
-            _run(db, "backfill_drop_opt_out", recipient=row["recipient"], channel=row["channel"])
+            kept = {"recipient": row["recipient"], "channel": row["channel"]}
+            _run(db, "backfill_opt_out_key", {"key": key, **kept})
+            _run(db, "backfill_drop_opt_out", kept)
 
 
 _BACKFILLS = {6: backfill.FACTS, 9: backfill.KEYS}
