@@ -15,24 +15,20 @@ synced before the socket write, nor before the answers. `.ci/run` installs strac
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from mcp import Client, StdioServerParameters
 
-from tests.conftest import email
+from tests.conftest import email, missing
 from tests.test_stdio import running_sandbox
 
 STRACE = shutil.which("strace")
 if STRACE is None:
-    if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
-        pytest.fail("CI must run the syscall-order tests: strace is not installed (apt-get install strace)")
-    pytest.skip("strace is not installed: apt-get install strace", allow_module_level=True)
+    missing("the syscall-order tests: strace is not installed (apt-get install strace)", module=True)
 
 _CALL = re.compile(r"^(?P<pid>\d+)\s+(?P<name>\w+)\((?P<fd>\d+)<(?P<target>.*?)>(?=[,)]| <unfinished)(?P<rest>.*)$")
 """A syscall on a descriptor; one whose only argument is the descriptor (`fdatasync(7<...> <unfinished ...>`)
