@@ -9,8 +9,10 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
+from hail_guard import keys
 from hail_guard.models import State
 from hail_guard.policy import LEDGER_UNAVAILABLE
+from hail_guard.profiles import hail
 from tests.conftest import data, email, open_harness, text
 
 
@@ -255,3 +257,21 @@ def _send_email_tool() -> Any:
     [tool] = [t for t in tool_list() if t.name == "send_email"]
     assert isinstance(tool, types.Tool)
     return tool
+
+
+async def test_a_retry_that_writes_2_as_2_0_is_the_same_message(tmp_path: Path) -> None:
+    call = {
+        "to": "+14155550123",
+        "recipient_consent": True,
+        "first_message": "Hello",
+        "llm": {"base_url": "https://llm.example/v1", "model": "m", "temperature": 1, "max_tokens": 200},
+    }
+    async with open_harness(tmp_path) as harness:
+        first = data(await harness.call("place_call", call))["hail_guard"]
+        regenerated = {**call, "llm": {**call["llm"], "temperature": 1.0, "max_tokens": 200.0}}
+        again = data(await harness.call("place_call", regenerated))["hail_guard"]
+        assert (again["operation_id"], again["replayed"]) == (first["operation_id"], True)
+        assert harness.sandbox.calls("place_call") == 1
+    spec = hail().spec("place_call")
+    assert keys.derive_key(spec, regenerated) == keys.derive_key(spec, call) == first["idempotency_key"]
+    assert keys.derive_key(spec, {**call, "llm": {**call["llm"], "temperature": 1.5}}) != first["idempotency_key"]

@@ -121,6 +121,40 @@ async def test_an_opt_out_stops_a_send_that_names_the_recipient_in_cc_or_bcc(tmp
         assert harness.sandbox.outbox == []
 
 
+async def test_a_new_send_to_a_sub_address_of_an_opted_out_mailbox_is_refused(tmp_path: Path) -> None:
+    async with open_harness(tmp_path) as harness:
+        await harness.call("record_opt_out", {"recipient": "ada@example.com", "channel": "email", "reason": "STOP"})
+        mail = {"subject": "Hello", "body_text": "Hi", "recipient_consent": True}
+        for spelling in ("ada+news@example.com", "ADA+promo@Example.com", "Ada <ada+x@example.com>"):
+            refused = await harness.call("send_email", {**mail, "to": [spelling]})
+            assert refused.is_error
+            assert "opted out of email" in text(refused)
+        other = await harness.call("send_email", {**mail, "to": ["adam+news@example.com"]})  # another mailbox
+        assert not other.is_error, text(other)
+        assert [line["to"] for line in harness.sandbox.outbox] == [["adam+news@example.com"]]
+
+
+async def test_an_opt_out_counts_in_the_recipient_and_recipients_fields_of_a_tool_that_has_them(
+    tmp_path: Path,
+) -> None:
+    """Hail's profile reads `recipient` and `recipients` too (a tool of a later Hail may take them)."""
+    guard = Guard(ledger=None, upstream=None, settings=GuardSettings())  # type: ignore[arg-type]
+    async with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        await ledger.add_suppression(
+            Suppression(recipient="carol@example.com", channel="email", reason="STOP", source="test"), actor="t"
+        )
+        for field, value in (
+            ("recipient", "Carol <CAROL@example.com>"),
+            ("recipients", ["b@example.com", "carol@example.com"]),
+        ):
+            arguments = {"to": ["a@example.com"], "subject": f"via {field}", "body_text": "Hi", field: value}
+            intent, _ = guard.prepare("send_email", arguments, None)  # a tool whose schema takes the field
+            assert "carol@example.com" in intent.recipients
+            with pytest.raises(Suppressed, match="opted out of email"):
+                await ledger.begin_send(intent, owner="w1", lease_seconds=60)
+        assert await ledger.list_operations() == []
+
+
 async def test_an_opt_out_of_a_formatted_number_stops_an_sms_to_its_e164_form(tmp_path: Path) -> None:
     async with open_harness(tmp_path) as harness:
         added = data(await harness.call("record_opt_out", {"recipient": "+1 (415) 555-0190", "reason": "STOP"}))
