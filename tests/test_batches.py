@@ -361,3 +361,11 @@ async def test_a_batch_with_a_send_the_consent_rules_refuse_is_refused_whole(
         assert said in text(result)
         assert text(result).endswith("; nothing was planned")
         assert await harness.ledger.list_operations() == []
+
+
+async def test_a_batch_of_no_sends_is_refused_saying_what_to_give(tmp_path: Path) -> None:
+    async with open_harness(tmp_path) as harness:
+        with pytest.raises(BadInput) as refused:
+            await harness.proxy.batches.plan([])
+        assert str(refused.value) == "the batch has no sends; give at least one {tool, arguments}"
+        assert await harness.ledger.list_operations() == []

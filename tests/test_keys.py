@@ -102,10 +102,48 @@ def test_a_template_that_cannot_be_filled_names_what_is_missing() -> None:
         keys.derive_key(hail().spec("send_sms"), {"to": "+15550100"}, "{metadata.lead}:{channel}")
 
 
-@pytest.mark.parametrize("template", ["static", "{", "{a!r}x{", "{0}", "{metadata.}"])
-def test_unusable_templates_are_configuration_errors(template: str) -> None:
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize(
+    ("template", "said"),
+    [
+        ("static", "key_template 'static' has no placeholders: every send would share one key"),
+        ("{", "key_template '{' is not a valid template: Single '{' encountered in format string"),
+        ("{a!r}x{", "key_template '{a!r}x{' is not a valid template: "),
+        (
+            "{0}",
+            "key_template placeholder {0} is not supported; use {channel}, {tool}, {metadata.NAME} or a top-level "
+            "argument name",
+        ),
+        ("{metadata.}", "key_template placeholder {metadata.} is not supported; use {channel}"),
+    ],
+)
+def test_unusable_templates_are_configuration_errors_saying_what_to_use(template: str, said: str) -> None:
+    with pytest.raises(ConfigError) as refused:
         keys.template_fields(template)
+    assert str(refused.value).startswith(said)
+
+
+def test_a_key_may_be_255_characters_and_no_more() -> None:
+    assert keys.validate_key("k" * 255) == "k" * 255
+    with pytest.raises(BadInput, match="idempotency_key is 256 characters long; the limit is 255"):
+        keys.validate_key("k" * 256)
+
+
+def test_metadata_ids_that_are_blank_fall_back_to_the_meaning_key() -> None:
+    for blank in (" ", "", "\t"):
+        args = {"to": ["a@example.com"], "metadata": {"campaign_id": "c1", "lead_id": blank, "message_id": "m"}}
+        assert keys.derive_key(hail().spec("send_email"), args).startswith("hgm:email:")
+    numbers = {"to": ["a@example.com"], "metadata": {"campaign_id": 7, "lead_id": 0, "message_id": "m"}}
+    assert keys.derive_key(hail().spec("send_email"), numbers) == "7:0:email:m"
+
+
+def test_a_template_that_cannot_be_filled_names_every_missing_field_in_order() -> None:
+    template = "{metadata.lead}:{subject}:{channel}"
+    with pytest.raises(BadInput) as refused:
+        keys.derive_key(hail().spec("send_email"), {"to": ["a@x.org"], "subject": "  "}, template)
+    assert str(refused.value) == (
+        f"the key template {template!r} cannot be filled: missing metadata.lead, subject; add them to the "
+        "arguments or pass idempotency_key yourself"
+    )
 
 
 def test_content_fingerprint_ignores_key_and_metadata_but_not_the_message() -> None:

@@ -16,7 +16,7 @@ from hail_guard.errors import Suppressed
 from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.models import Intent, Suppression
-from hail_guard.recipients import BadRecipient, key_of, normalise_recipient, recipients_of
+from hail_guard.recipients import BadRecipient, comparable, key_of, keys_of, normalise_recipient, recipients_of
 from hail_guard.sandbox.tools import input_schema
 from tests.conftest import data, open_harness, text
 from tests.postgres import PostgresServer
@@ -80,6 +80,102 @@ def test_a_sub_address_has_its_mailbox_as_its_key() -> None:
     assert key_of("ada+news@example.com") == "ada@example.com"
     assert key_of("ada@example.com") == "ada@example.com"
     assert key_of("+14155550190") == "+14155550190"
+
+
+@pytest.mark.parametrize(
+    ("recipient", "key"),
+    [
+        ("ada+news@example.com", "ada@example.com"),
+        ("ada+x+y@example.com", "ada@example.com"),  # the mailbox is before the first +
+        ("ada+@example.com", "ada@example.com"),
+        ("+ada@example.com", "+ada@example.com"),  # a leading + is part of the mailbox
+        ("+@example.com", "+@example.com"),
+        ("X+news@example.com", "X@example.com"),
+        ('"ada+x"@example.com', '"ada+x"@example.com'),  # a quoted local part is one mailbox
+        ("ada+x@host@example.com", "ada@example.com"),  # the domain is after the last @
+        ("ada+news", "ada+news"),  # not an address
+        ("+14155550190", "+14155550190"),
+    ],
+)
+def test_the_key_of_a_recipient_is_its_mailbox(recipient: str, key: str) -> None:
+    assert key_of(recipient) == key
+
+
+def test_comparable_reads_what_it_can_and_lowers_the_rest() -> None:
+    assert comparable("Ada <ADA@Example.com>", "email") == "ada@example.com"
+    assert comparable("020 7946 0958", "sms", region="GB") == "+442079460958"
+    assert comparable(" 020 7946 0958 ", "sms") == "020 7946 0958"  # no region: kept, lowered, for comparing
+    assert comparable("+1 415 555 0100", "email") == "+1 415 555 0100"  # on email it is no number
+    assert comparable("+1 415 555 0100") == "+14155550100"
+    assert comparable(unicodedata.normalize("NFD", "ÉCOLE Nord")) == "école nord"
+
+
+def test_keys_of_reads_each_recipient_on_its_channel_and_region() -> None:
+    assert keys_of(["+1 415 555 0100"], "email") == ["+1 415 555 0100"]
+    assert keys_of(["+1 415 555 0100", "+14155550100"]) == ["+14155550100"]
+    assert keys_of(["020 7946 0958"], "sms", region="GB") == ["+442079460958"]
+    assert keys_of(["Ada+News@Example.com", "ada@example.com", "Bob@example.com"]) == [
+        "ada@example.com",
+        "bob@example.com",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spelling", "normal"),
+    [
+        ('"ada"@example.com', "ada@example.com"),  # quotes that change nothing go
+        ("ada@[192.0.2.1]", "ada@[192.0.2.1]"),  # a domain literal
+        ("ada@mail.test", "ada@mail.test"),  # a test domain (the sandbox's and the drill's)
+        ("ada@XN--exmple-cua.com", "ada@exämple.com"),
+        ("a1b2c3", "a1b2c3"),  # not shaped like a number: a name
+        ("12", "12"),  # too few digits to be a number
+        (unicodedata.normalize("NFD", "ÉLODIE"), "élodie"),
+    ],
+)
+def test_what_an_address_a_name_or_a_short_code_normalises_to(spelling: str, normal: str) -> None:
+    assert normalise_recipient(spelling) == normal
+
+
+@pytest.mark.parametrize(
+    ("spelling", "channel", "region", "said"),
+    [
+        ("@example.com", "email", None, "'@example.com' is not an email address such as ada@example.com"),
+        (
+            "ada smith@example.com",
+            "email",
+            None,
+            "'ada smith@example.com' is not an email address such as ada@example.com",
+        ),
+        ("ada@xn--zz.com", "email", None, "the domain 'xn--zz.com' has a label that is not valid punycode"),
+        (
+            "123",
+            None,
+            None,
+            "'123' is not a phone number in international form: write it with + and the country code, such as "
+            "+14155550100 (or set [guard] default_region for national numbers)",
+        ),
+        (
+            "12",
+            "sms",
+            "GB",
+            "'12' is not a phone number in international form or as a number of GB: write it with + and the "
+            "country code, such as +14155550100 (or set [guard] default_region for national numbers)",
+        ),
+    ],
+)
+def test_a_recipient_that_cannot_be_read_is_refused_with_these_words(
+    spelling: str, channel: str | None, region: str | None, said: str
+) -> None:
+    with pytest.raises(BadRecipient) as refused:
+        normalise_recipient(spelling, channel, region=region)
+    assert str(refused.value) == said
+
+
+def test_a_long_unreadable_recipient_is_shown_cut_at_80_characters() -> None:
+    spelling = "x" * 100 + " @example.com"
+    with pytest.raises(BadRecipient) as refused:
+        normalise_recipient(spelling, "email")
+    assert str(refused.value) == f"{'x' * 80!r} is not an email address such as ada@example.com"
 
 
 # --- through the proxy ------------------------------------------------------------------------------
