@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from hail_guard import keys, same_send
 from hail_guard.errors import BadInput, ConfigError
-from hail_guard.profiles import hail
+from hail_guard.profiles import built_in, hail
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
@@ -158,3 +158,26 @@ def test_content_fingerprint_ignores_key_and_metadata_but_not_the_message() -> N
 def test_canonical_json_refuses_what_it_cannot_write() -> None:
     with pytest.raises(BadInput, match="not a JSON value"):
         keys.canonical_json({"n": 10**4301})
+
+
+def test_a_callers_key_is_refused_naming_the_upstreams_own_key_argument() -> None:
+    resend = built_in("resend").spec("send-email")
+    with pytest.raises(BadInput, match=r"^idempotencyKey must be a non-empty string"):
+        keys.derive_key(resend, {"to": "a@example.com", "idempotencyKey": " "})
+
+
+def test_the_meaning_key_reads_the_recipients_and_sender_on_the_channel_and_in_the_region() -> None:
+    sms = hail().spec("send_sms")
+    national = {"to": "020 7946 0958", "from_": "020 7946 0959", "body": "Hi"}
+    e164 = {"to": "+442079460958", "from_": "+442079460959", "body": "Hi"}
+    assert keys.derive_key(sms, national, region="GB") == keys.derive_key(sms, e164)
+    with pytest.raises(BadInput, match="is not a phone number"):
+        keys.derive_key(sms, {"to": "ada@example.com", "body": "Hi"})  # on SMS an address is no recipient
+
+
+def test_the_meaning_key_reads_only_the_profiles_recipient_fields() -> None:
+    resend = built_in("resend").spec("send-email")  # to, cc and bcc: `recipients` is part of its message
+    arguments = {"to": "a@example.com", "subject": "S", "recipients": ["b@example.com"]}
+    content = same_send.content_fingerprint(resend, arguments)
+    digest = same_send.meaning_digest(resend, ("a@example.com",), content, {})
+    assert keys.derive_key(resend, arguments) == f"hgm:email:{digest[:32]}"

@@ -33,6 +33,7 @@ from hail_guard.policy.outcomes import (
 )
 from hail_guard.policy.repeats import Sighted
 from hail_guard.profiles import built_in, hail
+from hail_guard.profiles.loading import parse_profile
 
 EMAIL = hail().spec("send_email")
 SMS = hail().spec("send_sms")
@@ -136,6 +137,7 @@ def test_an_sms_the_carrier_refused_is_refused_with_hails_id_and_the_code() -> N
         ("request with this idempotency key is still processing", (AnswerKind.STILL_PROCESSING, None)),
         ("hail upstream error: 502", (AnswerKind.GATEWAY_ERROR, None)),
         ("hail api error 403: blocked", (AnswerKind.REFUSED, None)),
+        ("hail api error 403: blocked (retry after 5 seconds)", (AnswerKind.REFUSED, None)),  # a wait for 429s only
         ("[{'loc': ['body'], 'msg': 'no'}]", (AnswerKind.REFUSED, None)),
         ("no shared caller number is free right now", (AnswerKind.UNRECOGNISED, None)),  # not a call
         ("subject: too long", (AnswerKind.REFUSED, None)),  # a field of the request
@@ -175,6 +177,8 @@ def test_an_upstream_whose_errors_are_classified_reads_its_is_error_text_by_its_
         kind=AnswerKind.RETRY_LATER, error=limited, retry_after_seconds=1.0
     )
     assert classified(RESEND, error=True, text="a stack trace") == Answer(kind=AnswerKind.LOST, error="a stack trace")
+    said = "subject: too long"  # Resend's profile reads no `<field>: ` errors
+    assert classified(RESEND, error=True, text=said) == Answer(kind=AnswerKind.LOST, error=said)
     assert classified(RESEND, error=True) == Answer(kind=AnswerKind.LOST, error="the upstream answered with an error")
     sent = 'Email sent successfully! {"id": "re-1"}'
     assert classified(RESEND, text=sent) == Answer(kind=AnswerKind.ACCEPTED, result={"id": "re-1"}, provider_id="re-1")
@@ -423,3 +427,19 @@ def test_a_search_that_finds_nothing_says_how_much_it_could_look() -> None:
     blind = outcome_of_search(unknown(), None, "no tool lists email messages", NO_KEY, complete=False)
     assert blind.reason == f"{NO_KEY}; no tool lists email messages"
     assert blind.review_reason == blind.reason
+
+
+def test_an_is_error_text_naming_a_field_of_the_request_is_a_refusal_where_the_profile_reads_them() -> None:
+    profile = parse_profile(
+        '[profile]\nname = "strict"\n[[tools]]\nname = "post"\nchannel = "chat"\nrecipients = ["/to"]\n'
+        'provider_id = "/id"\n[answers]\nis_error = "classify"\nfield_errors = true\n',
+        "strict.toml",
+    )
+    spec = profile.spec("post")
+    request = {"to": "x", "text": "hi"}
+    assert classified(spec, error=True, text="text: too long", request=request) == Answer(
+        kind=AnswerKind.REFUSED, error="text: too long"
+    )
+    assert classified(spec, error=True, text="sent_at: bad", request=request) == Answer(
+        kind=AnswerKind.MISREAD_SUCCESS, error="sent_at: bad"
+    )

@@ -127,6 +127,7 @@ def test_keys_of_reads_each_recipient_on_its_channel_and_region() -> None:
         ("ada@[192.0.2.1]", "ada@[192.0.2.1]"),  # a domain literal
         ("ada@mail.test", "ada@mail.test"),  # a test domain (the sandbox's and the drill's)
         ("ada@XN--exmple-cua.com", "ada@exämple.com"),
+        ("ada@intranet", "ada@intranet"),  # a domain of one label: not globally deliverable, still an address
         ("a1b2c3", "a1b2c3"),  # not shaped like a number: a name
         ("12", "12"),  # too few digits to be a number
         (unicodedata.normalize("NFD", "ÉLODIE"), "élodie"),
@@ -169,6 +170,22 @@ def test_a_recipient_that_cannot_be_read_is_refused_with_these_words(
     with pytest.raises(BadRecipient) as refused:
         normalise_recipient(spelling, channel, region=region)
     assert str(refused.value) == said
+
+
+def test_a_recipient_that_is_not_text_empty_or_too_long_is_refused_saying_so() -> None:
+    with pytest.raises(BadRecipient, match=r"^a recipient must be text, not int$"):
+        normalise_recipient(5)  # type: ignore[arg-type]
+    with pytest.raises(BadRecipient, match=r"^a recipient is empty: give an email address or a phone number$"):
+        normalise_recipient(" \t")
+    assert normalise_recipient("x" * 320) == "x" * 320
+    with pytest.raises(BadRecipient, match=r"^a recipient is 321 characters long; the limit is 320$"):
+        normalise_recipient("x" * 321)
+
+
+def test_recipients_are_read_on_their_channel_and_in_the_region() -> None:
+    assert recipients_of("sms", {"to": "020 7946 0958"}, region="GB") == ("+442079460958",)
+    with pytest.raises(BadRecipient, match=r"^to: 'ada@example\.com' is not a phone number"):
+        recipients_of("sms", {"to": "ada@example.com"})
 
 
 def test_a_long_unreadable_recipient_is_shown_cut_at_80_characters() -> None:

@@ -113,6 +113,9 @@ def test_the_sender_is_compared_in_its_normal_form_and_names_case_folded() -> No
         "from_name": "acme strasse",
     }
     assert same_send.sender_of(EMAIL, {"from_": None, "from_name": "  "}) == {}
+    assert same_send.sender_of(EMAIL, {"from_": None, "reply_to": "B@x.org"}) == {"reply_to": "b@x.org"}
+    assert same_send.sender_of(EMAIL, {"from_name": "Straße@Example.com"}) == {"from_name": "strasse@example.com"}
+    assert same_send.sender_of(EMAIL, {"from_": "+1 415 555 0100"}) == {"from_": "+1 415 555 0100"}  # no address
     assert same_send.sender_of(SMS, {"from_": "020 7946 0958"}, region="GB") == {"from_": "+442079460958"}
     assert same_send.sender_of(SMS, {"from_": "020 7946 0958"}) == {"from_": "020 7946 0958"}
 
