@@ -275,3 +275,26 @@ async def test_a_retry_that_writes_2_as_2_0_is_the_same_message(tmp_path: Path) 
     spec = hail().spec("place_call")
     assert keys.derive_key(spec, regenerated) == keys.derive_key(spec, call) == first["idempotency_key"]
     assert keys.derive_key(spec, {**call, "llm": {**call["llm"], "temperature": 1.5}}) != first["idempotency_key"]
+
+
+@pytest.mark.parametrize(
+    ("field", "said"),
+    [
+        ("from_", "the arguments for send_sms cannot be checked: Exceeds the limit (4300 digits)"),  # by the schema
+        ("metadata", "the arguments are not a JSON value hail-guard can record: Exceeds the limit (4300 digits)"),
+    ],
+)
+async def test_an_integer_too_long_to_write_is_refused_clearly_and_nothing_is_recorded(
+    tmp_path: Path, field: str, said: str
+) -> None:
+    """Where the schema refuses it, the ledger is still asked whether the call is a retry, from its arguments read
+    without the schema; in a free-form object the schema does not read it: neither may crash on it."""
+    huge = 10**4301
+    value = huge if field == "from_" else {"campaign_id": "c", "lead_id": huge, "message_id": "m"}
+    async with open_harness(tmp_path) as harness:
+        sms = {"to": "+14155551234", "body": "Hi", "recipient_consent": True, field: value}
+        result = await harness.call("send_sms", sms)
+        assert result.is_error
+        assert text(result).startswith(said)
+        assert await harness.ledger.list_operations() == []
+        assert harness.sandbox.calls("send_sms") == 0
