@@ -253,3 +253,119 @@ def test_an_object_column_takes_a_json_object_and_refuses_anything_else(tmp_path
     assert next(sends).arguments == {"metadata": {"lead_id": "L1"}}
     with pytest.raises(BadInput, match="line 3, column metadata"):
         next(sends)
+
+
+def campaign_email(n: int, **changes: Any) -> dict[str, Any]:
+    """One campaign's text, the same for every lead: only the recipient and the lead's ids differ."""
+    base = {
+        "to": [f"lead{n}@example.com"],
+        "subject": "Spring offer",
+        "body_text": "Our spring offer: 20% off every plan until May.",
+        "metadata": {"campaign_id": "spring", "lead_id": f"lead{n:03d}", "message_id": "offer"},
+    }
+    return email(**{**base, **changes})
+
+
+async def test_a_campaign_of_one_text_to_many_leads_plans_and_each_lead_gets_it_once(tmp_path: Path) -> None:
+    async with open_harness(tmp_path) as harness:
+        planned = await harness.call(
+            "plan_batch", {"sends": [{"tool": "send_email", "arguments": campaign_email(n)} for n in range(5)]}
+        )
+        assert not planned.is_error, text(planned)
+        finished = data(await harness.call("run_batch", {"batch_id": data(planned)["batch_id"]}))
+        assert finished["counts"] == {"accepted": 5}
+        assert sorted(line["to"][0] for line in harness.sandbox.outbox) == [f"lead{n}@example.com" for n in range(5)]
+        assert {line["request"]["body_text"] for line in harness.sandbox.outbox} == {campaign_email(0)["body_text"]}
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "who"),
+    [
+        ({"to": ["ada@example.com"]}, {"to": ["ada@example.com"]}, "ada@example.com"),
+        ({"to": ["ada@example.com"]}, {"to": ["ADA+news@example.com"]}, "ada@example.com"),
+        ({"to": ["bob@example.com"], "cc": ["ada@example.com"]}, {"to": ["ada@example.com"]}, "ada@example.com"),
+    ],
+    ids=["the-same-address", "a-sub-address-of-it", "in-cc-then-in-to"],
+)
+async def test_one_message_twice_to_one_recipient_in_a_batch_is_refused_naming_both_sends(
+    tmp_path: Path, first: dict[str, Any], second: dict[str, Any], who: str
+) -> None:
+    async with open_harness(tmp_path) as harness:
+        twice = [
+            {"tool": "send_email", "arguments": campaign_email(1, **first)},
+            {"tool": "send_email", "arguments": campaign_email(2, **second)},  # another lead id: another key
+        ]
+        result = await harness.call("plan_batch", {"sends": twice})
+        assert result.is_error
+        assert f"send 1 and send 2 have the same message for {who}; leave one of them out" in text(result)
+        assert await harness.ledger.list_operations() == []
+
+
+async def test_one_message_twice_to_one_recipient_from_other_senders_is_two_messages(tmp_path: Path) -> None:
+    async with open_harness(tmp_path) as harness:
+        twice = [
+            {"tool": "send_email", "arguments": campaign_email(1, to=["ada@example.com"], from_="sales@example.com")},
+            {"tool": "send_email", "arguments": campaign_email(2, to=["ada@example.com"], from_="ceo@example.com")},
+        ]
+        result = await harness.call("plan_batch", {"sends": twice})
+        assert not result.is_error, text(result)
+
+
+async def test_a_batch_that_repeats_or_overlaps_a_live_message_is_refused_whole_naming_the_send(
+    tmp_path: Path,
+) -> None:
+    async with open_harness(tmp_path) as harness:
+        sent = await harness.call("send_email", campaign_email(1))
+        operation_id = data(sent)["hail_guard"]["operation_id"]
+        regenerated = {"campaign_id": "spring", "lead_id": "lead001", "message_id": "offer-again"}
+        repeats = (  # the same people (a batch refuses rather than answers), and an overlap
+            (campaign_email(1, metadata=regenerated), "Nothing was planned. Leave send 2 out of the batch"),
+            (
+                campaign_email(1, to=["lead1@example.com", "new@example.com"], metadata=regenerated),
+                "Sending it to the others alone (new@example.com) is fine.",
+            ),
+        )
+        for repeat, step in repeats:
+            batch = [
+                {"tool": "send_email", "arguments": campaign_email(7)},
+                {"tool": "send_email", "arguments": repeat},
+            ]
+            result = await harness.call("plan_batch", {"sends": batch})
+            assert result.is_error
+            assert f"send 2: lead1@example.com already has this message: operation {operation_id} is" in text(result)
+            assert step in text(result)
+        assert [op.id for op in await harness.ledger.list_operations()] == [operation_id]
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"recipient_consent": False}, "send 2: recipient_consent must be the JSON boolean true (got false)"),
+        ({"message_type": "marketing"}, "send 2: marketing sends need a non-empty consent_source"),
+        (
+            {"message_type": "marketing", "consent_source": " "},
+            "send 2: marketing sends need a non-empty consent_source",
+        ),
+    ],
+)
+async def test_a_batch_with_a_send_the_consent_rules_refuse_is_refused_whole(
+    tmp_path: Path, changes: dict[str, Any], said: str
+) -> None:
+    async with open_harness(tmp_path) as harness:
+        batch = [
+            {"tool": "send_email", "arguments": campaign_email(1)},
+            {"tool": "send_email", "arguments": campaign_email(2, **changes)},
+        ]
+        result = await harness.call("plan_batch", {"sends": batch})
+        assert result.is_error
+        assert said in text(result)
+        assert text(result).endswith("; nothing was planned")
+        assert await harness.ledger.list_operations() == []
+
+
+async def test_a_batch_of_no_sends_is_refused_saying_what_to_give(tmp_path: Path) -> None:
+    async with open_harness(tmp_path) as harness:
+        with pytest.raises(BadInput) as refused:
+            await harness.proxy.batches.plan([])
+        assert str(refused.value) == "the batch has no sends; give at least one {tool, arguments}"
+        assert await harness.ledger.list_operations() == []

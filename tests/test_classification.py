@@ -6,10 +6,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from mcp import Client
 
 from hail_guard.models import State
 from hail_guard.sandbox import SMS_CARRIER_REFUSED
+from hail_guard.upstream import UpstreamTarget, connect_upstream
 from tests.conftest import Harness, data, email, open_harness, text
+from tests.test_stdio import outbox_lines, running_sandbox, serve_params
 
 KEY = "c1:l1:email:intro"
 
@@ -159,3 +162,65 @@ async def test_replays_that_stay_unclear_end_in_review(tmp_path: Path) -> None:
         [settled] = await harness.proxy.guard.reconcile()
         assert settled.state is State.NEEDS_REVIEW
         assert "after 1 reconcile attempts" in (settled.review_reason or "")
+
+
+STDIO_ROWS: list[tuple[str, str, dict[str, Any], str | None, str]] = [
+    # (row of the README's table, tool, arguments, the sandbox's fault on its call, the first attempt's state)
+    ("a record with id and status", "send_email", {}, None, "accepted"),
+    ("an SMS the carrier refused", "send_sms", {"to": SMS_CARRIER_REFUSED}, None, "failed"),
+    ("a key Hail holds for another request", "send_email", {"idempotency_key": "held-by-hail"}, None, "needs_review"),
+    ("a 429 with its retry-after", "send_email", {}, "fail_before_accept:429", "ready"),
+    ("auth failed", "send_email", {}, "fail_before_accept:401", "ready"),
+    ("a call's no free number", "place_call", {}, "fail_before_accept:503", "ready"),
+    ("another 4xx", "send_email", {}, "fail_before_accept:402", "failed"),
+    ("a 422 detail list", "send_email", {}, "fail_before_accept:422", "failed"),
+    ("hail upstream error: 5xx", "send_email", {}, "error_after_accept:502", "unknown"),
+    ("a timeout", "send_email", {}, "hang_after_accept", "unknown"),
+    ("a dropped connection", "send_email", {}, "drop_after_accept", "unknown"),
+    ("a field the request never had", "send_email", {}, "malformed", "unknown"),
+]
+"""Each row of the README's classification table an upstream answers by itself, as it reaches `serve` over stdio."""
+
+
+def stdio_request(row: int, tool: str, changes: dict[str, Any]) -> dict[str, Any]:
+    """A message of its own to a recipient of its own: no row is held or matched by another."""
+    metadata = {"campaign_id": "table", "lead_id": f"row{row}", "message_id": "m"}
+    if tool == "send_email":
+        mail = email(to=[f"row{row}@example.com"], subject=f"Row {row}", body_text=f"Row {row} of the table.")
+        return {**mail, "metadata": metadata, **changes}
+    number = f"+1415555{row:04d}"
+    if tool == "send_sms":
+        return {"to": number, "body": f"Row {row}", "recipient_consent": True, "metadata": metadata, **changes}
+    return {**call(number), "idempotency_key": f"row-{row}", **changes}
+
+
+async def test_every_row_of_the_classification_table_over_stdio(tmp_path: Path) -> None:
+    calls: dict[str, int] = {"send_email": 1}  # the seeding call below is send_email's first
+    faults = []
+    for _, tool, _, fault, _ in STDIO_ROWS:
+        calls[tool] = calls.get(tool, 0) + 1
+        if fault is not None:
+            faults.append(f"{tool}:{calls[tool]}:{fault}")
+    async with running_sandbox(tmp_path, *faults) as (url, outbox):
+        async with connect_upstream(UpstreamTarget(kind="http", url=url), heartbeat_seconds=None) as hail:
+            seeded = {**email(subject="Another request"), "idempotency_key": "held-by-hail"}
+            assert not (await hail.call_tool("send_email", seeded)).is_error
+        async with Client(serve_params(tmp_path, url, timeout=1.0), mode="legacy") as agent:
+            seen = {}
+            for row, (name, tool, changes, _, _) in enumerate(STDIO_ROWS):
+                answer = data(await agent.call_tool(tool, stdio_request(row, tool, changes)))
+                seen[name] = answer["hail_guard"]
+            settled = {
+                view["operation_id"]: view for view in data(await agent.call_tool("reconcile", {}))["reconciled"]
+            }
+    assert {name: view["state"] for name, view in seen.items()} == {row[0]: row[4] for row in STDIO_ROWS}
+    assert "not_before" in seen["a 429 with its retry-after"]  # not before the wait Hail named
+    replayed = {name: settled[seen[name]["operation_id"]]["state"] for name in seen if seen[name]["state"] == "unknown"}
+    assert replayed == {
+        "hail upstream error: 5xx": "accepted",  # the replay finds the success the gateway hid
+        "a timeout": "accepted",
+        "a dropped connection": "accepted",
+        "a field the request never had": "needs_review",  # the replay repeats it: a human decides
+    }
+    keys = [line["idempotency_key"] for line in outbox_lines(outbox)]
+    assert len(keys) == len(set(keys))  # each accepted once, replays included

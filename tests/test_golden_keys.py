@@ -9,7 +9,12 @@ from its meaning (`hgm:`) keeps its legacy key here, beside the key it gets now.
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import unicodedata
+from collections.abc import AsyncIterator
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +24,7 @@ from hail_guard.guard import Guard, GuardSettings
 from hail_guard.models import Intent
 from hail_guard.profiles import hail
 from hail_guard.sandbox.tools import input_schema
+from tests.conftest import open_harness
 
 GOLDEN: dict[str, tuple[str, dict[str, Any], str, str | None, str, str]] = {
     # name: (tool, arguments, key, the legacy key looked up too, stored canonical request, its fingerprint)
@@ -208,3 +214,32 @@ def test_a_template_key_is_the_same_as_always() -> None:
 def test_a_resend_key_is_the_same_as_always() -> None:
     assert keys.resend_key("spring:lead001:email:intro") == "spring:lead001:email:intro:resend:1"
     assert keys.resend_key("spring:lead001:email:intro:resend:1") == "spring:lead001:email:intro:resend:2"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.db'}"
+        return
+    async with request.getfixturevalue("postgres_server").database() as url:
+        yield url
+
+
+@pytest.mark.parametrize("name", sorted(name for name in GOLDEN if GOLDEN[name][0] != "acquire_number"))  # the
+# sandbox sells no numbers
+async def test_the_bytes_a_send_is_stored_and_forwarded_with_are_read_back_as_always(
+    name: str, tmp_path: Path, ledger_url: str
+) -> None:
+    tool, arguments, key, _, stored, request_fingerprint = GOLDEN[name]
+    async with open_harness(tmp_path, ledger_url=ledger_url) as harness:
+        await harness.call(tool, arguments)  # whatever Hail answers, the intent was recorded first
+        operation = await harness.ledger.find_by_key(key)
+        assert operation is not None
+        assert (operation.request, operation.request_fingerprint) == (stored, request_fingerprint)
+        [line] = [line for line in harness.sandbox.outbox if line["idempotency_key"] == key] or [None]
+    if line is not None:  # what Hail received is the stored request
+        assert line["request"] == {k: v for k, v in json.loads(stored).items() if k != "idempotency_key"}
+    if ledger_url.startswith("sqlite:"):  # and the file holds exactly these bytes
+        with closing(sqlite3.connect(tmp_path / "ledger.db")) as db:
+            [(raw,)] = db.execute("SELECT request FROM operations WHERE idempotency_key = ?", (key,)).fetchall()
+        assert raw == stored

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from hail_guard import keys, same_send
 from hail_guard.errors import BadInput, ConfigError
-from hail_guard.profiles import hail
+from hail_guard.profiles import built_in, hail
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
@@ -102,10 +102,48 @@ def test_a_template_that_cannot_be_filled_names_what_is_missing() -> None:
         keys.derive_key(hail().spec("send_sms"), {"to": "+15550100"}, "{metadata.lead}:{channel}")
 
 
-@pytest.mark.parametrize("template", ["static", "{", "{a!r}x{", "{0}", "{metadata.}"])
-def test_unusable_templates_are_configuration_errors(template: str) -> None:
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize(
+    ("template", "said"),
+    [
+        ("static", "key_template 'static' has no placeholders: every send would share one key"),
+        ("{", "key_template '{' is not a valid template: Single '{' encountered in format string"),
+        ("{a!r}x{", "key_template '{a!r}x{' is not a valid template: "),
+        (
+            "{0}",
+            "key_template placeholder {0} is not supported; use {channel}, {tool}, {metadata.NAME} or a top-level "
+            "argument name",
+        ),
+        ("{metadata.}", "key_template placeholder {metadata.} is not supported; use {channel}"),
+    ],
+)
+def test_unusable_templates_are_configuration_errors_saying_what_to_use(template: str, said: str) -> None:
+    with pytest.raises(ConfigError) as refused:
         keys.template_fields(template)
+    assert str(refused.value).startswith(said)
+
+
+def test_a_key_may_be_255_characters_and_no_more() -> None:
+    assert keys.validate_key("k" * 255) == "k" * 255
+    with pytest.raises(BadInput, match="idempotency_key is 256 characters long; the limit is 255"):
+        keys.validate_key("k" * 256)
+
+
+def test_metadata_ids_that_are_blank_fall_back_to_the_meaning_key() -> None:
+    for blank in (" ", "", "\t"):
+        args = {"to": ["a@example.com"], "metadata": {"campaign_id": "c1", "lead_id": blank, "message_id": "m"}}
+        assert keys.derive_key(hail().spec("send_email"), args).startswith("hgm:email:")
+    numbers = {"to": ["a@example.com"], "metadata": {"campaign_id": 7, "lead_id": 0, "message_id": "m"}}
+    assert keys.derive_key(hail().spec("send_email"), numbers) == "7:0:email:m"
+
+
+def test_a_template_that_cannot_be_filled_names_every_missing_field_in_order() -> None:
+    template = "{metadata.lead}:{subject}:{channel}"
+    with pytest.raises(BadInput) as refused:
+        keys.derive_key(hail().spec("send_email"), {"to": ["a@x.org"], "subject": "  "}, template)
+    assert str(refused.value) == (
+        f"the key template {template!r} cannot be filled: missing metadata.lead, subject; add them to the "
+        "arguments or pass idempotency_key yourself"
+    )
 
 
 def test_content_fingerprint_ignores_key_and_metadata_but_not_the_message() -> None:
@@ -120,3 +158,26 @@ def test_content_fingerprint_ignores_key_and_metadata_but_not_the_message() -> N
 def test_canonical_json_refuses_what_it_cannot_write() -> None:
     with pytest.raises(BadInput, match="not a JSON value"):
         keys.canonical_json({"n": 10**4301})
+
+
+def test_a_callers_key_is_refused_naming_the_upstreams_own_key_argument() -> None:
+    resend = built_in("resend").spec("send-email")
+    with pytest.raises(BadInput, match=r"^idempotencyKey must be a non-empty string"):
+        keys.derive_key(resend, {"to": "a@example.com", "idempotencyKey": " "})
+
+
+def test_the_meaning_key_reads_the_recipients_and_sender_on_the_channel_and_in_the_region() -> None:
+    sms = hail().spec("send_sms")
+    national = {"to": "020 7946 0958", "from_": "020 7946 0959", "body": "Hi"}
+    e164 = {"to": "+442079460958", "from_": "+442079460959", "body": "Hi"}
+    assert keys.derive_key(sms, national, region="GB") == keys.derive_key(sms, e164)
+    with pytest.raises(BadInput, match="is not a phone number"):
+        keys.derive_key(sms, {"to": "ada@example.com", "body": "Hi"})  # on SMS an address is no recipient
+
+
+def test_the_meaning_key_reads_only_the_profiles_recipient_fields() -> None:
+    resend = built_in("resend").spec("send-email")  # to, cc and bcc: `recipients` is part of its message
+    arguments = {"to": "a@example.com", "subject": "S", "recipients": ["b@example.com"]}
+    content = same_send.content_fingerprint(resend, arguments)
+    digest = same_send.meaning_digest(resend, ("a@example.com",), content, {})
+    assert keys.derive_key(resend, arguments) == f"hgm:email:{digest[:32]}"

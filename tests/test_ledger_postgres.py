@@ -30,16 +30,19 @@ from hail_guard.errors import (
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.models import DeliveryState, Intent, Outcome, State, WebhookOutcome
 from hail_guard.same_send import Rules
-from tests.conftest import subclasses
+from tests.conftest import missing, subclasses
 from tests.postgres import PASSWORD, PASSWORD_ROLE, PostgresServer, find_bindir, missing_reason, throwaway_cluster
 from tests.test_ledger_contract import accepted_outcome, batch_intents, intent, webhook
 
-asyncpg = pytest.importorskip("asyncpg", reason="the PostgreSQL ledger needs the `postgres` extra")
-from hail_guard.ledger import sql  # noqa: E402
-from hail_guard.ledger.core import LEASE_EXPIRED  # noqa: E402
-from hail_guard.ledger.planning import PLAN_CHUNK  # noqa: E402
-from hail_guard.ledger.postgres import migrate, migrations, open_postgres_ledger  # noqa: E402
-from hail_guard.ledger.postgres_errors import describe, errors_mapped  # noqa: E402
+try:
+    import asyncpg
+except ImportError:
+    missing("the PostgreSQL ledger needs the `postgres` extra: pip install -e '.[dev,postgres]'", module=True)
+from hail_guard.ledger import sql
+from hail_guard.ledger.core import LEASE_EXPIRED
+from hail_guard.ledger.planning import PLAN_CHUNK
+from hail_guard.ledger.postgres import migrate, migrations, open_postgres_ledger
+from hail_guard.ledger.postgres_errors import describe, errors_mapped
 
 LATEST = migrations()[-1][0]
 
@@ -61,7 +64,7 @@ def closed_port() -> int:
 
 def needs_password_role(server: PostgresServer) -> None:
     if not server.password_login:
-        pytest.skip(f"needs the throwaway cluster's role {PASSWORD_ROLE} that logs in with a password")
+        missing(f"needs the throwaway cluster's role {PASSWORD_ROLE} that logs in with a password")
 
 
 def assert_never_mentions(error: BaseException, secret: str) -> None:
@@ -522,7 +525,7 @@ async def test_migrating_onto_a_server_that_may_forget_commits_says_so(postgres_
 def test_a_durable_server_migrates_without_a_warning() -> None:
     bindir = find_bindir()
     if bindir is None:
-        pytest.skip(missing_reason() or "no PostgreSQL binaries")
+        missing(missing_reason() or "no PostgreSQL binaries")
     with throwaway_cluster(bindir, durable=True) as url, capture_logs() as logs:
         anyio.run(migrate, url)
     assert [entry["version"] for entry in logs if entry["event"] == "ledger_migrated"] == list(range(1, LATEST + 1))

@@ -6,7 +6,7 @@ import os
 import sqlite3
 import stat
 from collections.abc import Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import anyio
@@ -19,8 +19,9 @@ from hail_guard.ledger import open_ledger, sqlite_path
 from hail_guard.ledger.sqlite import migrations
 from hail_guard.ledger.sqlite_file import backup_file, errors_mapped, filesystem_type, refuse_network_filesystem
 from hail_guard.models import Intent, State
-from tests.conftest import subclasses
+from tests.conftest import missing, subclasses
 from tests.test_ledger_contract import batch_intents, intent
+from tests.test_storage_faults import chattr
 
 
 async def test_a_new_ledger_file_is_private_and_in_wal_mode(tmp_path: Path) -> None:
@@ -52,17 +53,31 @@ async def test_a_ledger_from_a_newer_version_is_refused(tmp_path: Path) -> None:
             pass
 
 
-@pytest.mark.skipif(
-    os.geteuid() == 0, reason="root writes read-only files anyway; the mapping is tested with a read-only connection"
-)
 async def test_a_read_only_ledger_refuses_to_record(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     async with open_ledger(str(path)):
         pass
-    path.chmod(0o400)
-    with pytest.raises(LedgerUnavailable):
+    with read_only(path), pytest.raises(LedgerUnavailable):
         async with open_ledger(str(path)) as ledger:
             await ledger.begin_send(intent(), owner="w1", lease_seconds=60)
+
+
+@contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """`path` read-only for this process: its mode for a user; made immutable for root, who writes read-only
+    files anyway."""
+    if os.geteuid() != 0:
+        path.chmod(0o400)
+        yield
+        return
+    try:
+        chattr("+i", str(path))
+    except OSError as exc:
+        missing(f"a read-only ledger under root needs `chattr +i`: {exc}")
+    try:
+        yield
+    finally:
+        chattr("-i", str(path))
 
 
 def test_sqlite_read_only_and_full_errors_become_clear_ledger_errors(tmp_path: Path) -> None:
@@ -171,8 +186,22 @@ async def test_processes_opening_a_new_ledger_at_once_migrate_it_once(tmp_path: 
     async with anyio.create_task_group() as tg:
         for _ in range(6):  # separate connections, as separate processes have
             tg.start_soon(open_and_close)
-    with sqlite3.connect(tmp_path / "ledger.db") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == migrations()[-1][0]
+    async with open_ledger(f"sqlite:///{tmp_path / 'alone.db'}"):  # the same migrations, run once for sure
+        pass
+    for name in ("ledger.db", "alone.db"):
+        with closing(sqlite3.connect(tmp_path / name)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == migrations()[-1][0]
+            assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert schema(tmp_path / "ledger.db") == schema(tmp_path / "alone.db")  # nothing made twice, nothing missing
+
+
+def schema(path: Path) -> list[tuple[str, str, str]]:
+    """Every table, index, view and trigger, with its SQL, and every row the migrations wrote."""
+    with closing(sqlite3.connect(path)) as db:
+        made = db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY type, name").fetchall()
+        tables = [name for kind, name, _ in made if kind == "table" and not name.startswith("sqlite_")]
+        rows = [("rows", table, str(db.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()[0])) for table in tables]
+    return [*made, *rows]
 
 
 async def test_staging_a_batch_leaves_the_ledger_free_for_other_processes(tmp_path: Path) -> None:

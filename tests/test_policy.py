@@ -263,10 +263,23 @@ def test_hails_own_pre_send_rules_are_checked_before_recording(
         policy.check_rules(hail().spec(tool), arguments, {})
 
 
-def test_valid_sends_pass_hails_rules() -> None:
-    policy.check_rules(hail().spec("send_email"), {"to": ["a@x"], "subject": "s", "body_text": "b"}, {})
-    policy.check_rules(hail().spec("send_sms"), {"to": "+15550100", "body": "b"}, {})
-    policy.check_rules(hail().spec("place_call"), {"to": "+15550100", "agent_id": "a1"}, {})
+@pytest.mark.parametrize(
+    ("tool", "valid", "broken", "message"),
+    [
+        ("send_email", {"to": ["a@x"], "subject": "s", "body_text": "b"}, {"subject": ""}, "subject: must be 1 to 998"),
+        ("send_email", {"to": ["a@x"], "subject": "s", "body_html": "<p>b</p>"}, {"body_html": " "}, "body_text or"),
+        ("send_sms", {"to": "+15550100", "body": "b"}, {"to": "5550100"}, "is not an E.164 number"),
+        ("place_call", {"to": "+15550100", "agent_id": "a1"}, {"agent_id": None}, "system_prompt, llm or agent_id"),
+    ],
+)
+def test_a_valid_send_passes_hails_rules_where_one_field_changed_does_not(
+    tool: str, valid: dict[str, Any], broken: dict[str, Any], message: str
+) -> None:
+    spec = hail().spec(tool)
+    assert policy.check_rules(spec, valid, {}) is None
+    changed = {name: value for name, value in {**valid, **broken}.items() if value is not None}
+    with pytest.raises(BadInput, match=message):
+        policy.check_rules(spec, changed, {})
 
 
 def test_a_rate_limit_without_a_wait_waits_the_default() -> None:

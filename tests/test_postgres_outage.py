@@ -24,12 +24,15 @@ from hail_guard.errors import LedgerUnavailable, RefusedByPolicy
 from hail_guard.ledger import open_ledger
 from hail_guard.models import State
 from hail_guard.policy import LEDGER_UNAVAILABLE
-from tests.conftest import data, email, open_harness, text
+from tests.conftest import data, email, missing, open_harness, text
 from tests.postgres import PostgresServer
 from tests.test_ledger_contract import batch_intents
 from tests.test_ledger_postgres import closed_port
 
-pytest.importorskip("asyncpg", reason="the PostgreSQL ledger needs the `postgres` extra")
+try:
+    import asyncpg  # noqa: F401
+except ImportError:
+    missing("the PostgreSQL ledger needs the `postgres` extra: pip install -e '.[dev,postgres]'", module=True)
 
 
 def lead(number: int) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from hail_guard.errors import Suppressed
 from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.models import Intent, Suppression
-from hail_guard.recipients import BadRecipient, key_of, normalise_recipient, recipients_of
+from hail_guard.recipients import BadRecipient, comparable, key_of, keys_of, normalise_recipient, recipients_of
 from hail_guard.sandbox.tools import input_schema
 from tests.conftest import data, open_harness, text
 from tests.postgres import PostgresServer
@@ -83,6 +83,119 @@ def test_a_sub_address_has_its_mailbox_as_its_key() -> None:
     assert key_of("+14155550190") == "+14155550190"
 
 
+@pytest.mark.parametrize(
+    ("recipient", "key"),
+    [
+        ("ada+news@example.com", "ada@example.com"),
+        ("ada+x+y@example.com", "ada@example.com"),  # the mailbox is before the first +
+        ("ada+@example.com", "ada@example.com"),
+        ("+ada@example.com", "+ada@example.com"),  # a leading + is part of the mailbox
+        ("+@example.com", "+@example.com"),
+        ("X+news@example.com", "X@example.com"),
+        ('"ada+x"@example.com', '"ada+x"@example.com'),  # a quoted local part is one mailbox
+        ("ada+x@host@example.com", "ada@example.com"),  # the domain is after the last @
+        ("ada+news", "ada+news"),  # not an address
+        ("+14155550190", "+14155550190"),
+    ],
+)
+def test_the_key_of_a_recipient_is_its_mailbox(recipient: str, key: str) -> None:
+    assert key_of(recipient) == key
+
+
+def test_comparable_reads_what_it_can_and_lowers_the_rest() -> None:
+    assert comparable("Ada <ADA@Example.com>", "email") == "ada@example.com"
+    assert comparable("020 7946 0958", "sms", region="GB") == "+442079460958"
+    assert comparable(" 020 7946 0958 ", "sms") == "020 7946 0958"  # no region: kept, lowered, for comparing
+    assert comparable("+1 415 555 0100", "email") == "+1 415 555 0100"  # on email it is no number
+    assert comparable("+1 415 555 0100") == "+14155550100"
+    assert comparable(unicodedata.normalize("NFD", "ÉCOLE Nord")) == "école nord"
+
+
+def test_keys_of_reads_each_recipient_on_its_channel_and_region() -> None:
+    assert keys_of(["+1 415 555 0100"], "email") == ["+1 415 555 0100"]
+    assert keys_of(["+1 415 555 0100", "+14155550100"]) == ["+14155550100"]
+    assert keys_of(["020 7946 0958"], "sms", region="GB") == ["+442079460958"]
+    assert keys_of(["Ada+News@Example.com", "ada@example.com", "Bob@example.com"]) == [
+        "ada@example.com",
+        "bob@example.com",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spelling", "normal"),
+    [
+        ('"ada"@example.com', "ada@example.com"),  # quotes that change nothing go
+        ("ada@[192.0.2.1]", "ada@[192.0.2.1]"),  # a domain literal
+        ("ada@mail.test", "ada@mail.test"),  # a test domain (the sandbox's and the drill's)
+        ("ada@XN--exmple-cua.com", "ada@exämple.com"),
+        ("ada@intranet", "ada@intranet"),  # a domain of one label: not globally deliverable, still an address
+        ("a1b2c3", "a1b2c3"),  # not shaped like a number: a name
+        ("12", "12"),  # too few digits to be a number
+        (unicodedata.normalize("NFD", "ÉLODIE"), "élodie"),
+    ],
+)
+def test_what_an_address_a_name_or_a_short_code_normalises_to(spelling: str, normal: str) -> None:
+    assert normalise_recipient(spelling) == normal
+
+
+@pytest.mark.parametrize(
+    ("spelling", "channel", "region", "said"),
+    [
+        ("@example.com", "email", None, "'@example.com' is not an email address such as ada@example.com"),
+        (
+            "ada smith@example.com",
+            "email",
+            None,
+            "'ada smith@example.com' is not an email address such as ada@example.com",
+        ),
+        ("ada@xn--zz.com", "email", None, "the domain 'xn--zz.com' has a label that is not valid punycode"),
+        (
+            "123",
+            None,
+            None,
+            "'123' is not a phone number in international form: write it with + and the country code, such as "
+            "+14155550100 (or set [guard] default_region for national numbers)",
+        ),
+        (
+            "12",
+            "sms",
+            "GB",
+            "'12' is not a phone number in international form or as a number of GB: write it with + and the "
+            "country code, such as +14155550100 (or set [guard] default_region for national numbers)",
+        ),
+    ],
+)
+def test_a_recipient_that_cannot_be_read_is_refused_with_these_words(
+    spelling: str, channel: str | None, region: str | None, said: str
+) -> None:
+    with pytest.raises(BadRecipient) as refused:
+        normalise_recipient(spelling, channel, region=region)
+    assert str(refused.value) == said
+
+
+def test_a_recipient_that_is_not_text_empty_or_too_long_is_refused_saying_so() -> None:
+    with pytest.raises(BadRecipient, match=r"^a recipient must be text, not int$"):
+        normalise_recipient(5)  # type: ignore[arg-type]
+    with pytest.raises(BadRecipient, match=r"^a recipient is empty: give an email address or a phone number$"):
+        normalise_recipient(" \t")
+    assert normalise_recipient("x" * 320) == "x" * 320
+    with pytest.raises(BadRecipient, match=r"^a recipient is 321 characters long; the limit is 320$"):
+        normalise_recipient("x" * 321)
+
+
+def test_recipients_are_read_on_their_channel_and_in_the_region() -> None:
+    assert recipients_of("sms", {"to": "020 7946 0958"}, region="GB") == ("+442079460958",)
+    with pytest.raises(BadRecipient, match=r"^to: 'ada@example\.com' is not a phone number"):
+        recipients_of("sms", {"to": "ada@example.com"})
+
+
+def test_a_long_unreadable_recipient_is_shown_cut_at_80_characters() -> None:
+    spelling = "x" * 100 + " @example.com"
+    with pytest.raises(BadRecipient) as refused:
+        normalise_recipient(spelling, "email")
+    assert str(refused.value) == f"{'x' * 80!r} is not an email address such as ada@example.com"
+
+
 # --- through the proxy ------------------------------------------------------------------------------
 
 
@@ -120,6 +233,40 @@ async def test_an_opt_out_stops_a_send_that_names_the_recipient_in_cc_or_bcc(tmp
         )
         assert data(planned)["counts"] == {"cancelled": 1}
         assert harness.sandbox.outbox == []
+
+
+async def test_a_new_send_to_a_sub_address_of_an_opted_out_mailbox_is_refused(tmp_path: Path) -> None:
+    async with open_harness(tmp_path) as harness:
+        await harness.call("record_opt_out", {"recipient": "ada@example.com", "channel": "email", "reason": "STOP"})
+        mail = {"subject": "Hello", "body_text": "Hi", "recipient_consent": True}
+        for spelling in ("ada+news@example.com", "ADA+promo@Example.com", "Ada <ada+x@example.com>"):
+            refused = await harness.call("send_email", {**mail, "to": [spelling]})
+            assert refused.is_error
+            assert "opted out of email" in text(refused)
+        other = await harness.call("send_email", {**mail, "to": ["adam+news@example.com"]})  # another mailbox
+        assert not other.is_error, text(other)
+        assert [line["to"] for line in harness.sandbox.outbox] == [["adam+news@example.com"]]
+
+
+async def test_an_opt_out_counts_in_the_recipient_and_recipients_fields_of_a_tool_that_has_them(
+    tmp_path: Path,
+) -> None:
+    """Hail's profile reads `recipient` and `recipients` too (a tool of a later Hail may take them)."""
+    guard = Guard(ledger=None, upstream=None, settings=GuardSettings())  # type: ignore[arg-type]
+    async with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        await ledger.add_suppression(
+            Suppression(recipient="carol@example.com", channel="email", reason="STOP", source="test"), actor="t"
+        )
+        for field, value in (
+            ("recipient", "Carol <CAROL@example.com>"),
+            ("recipients", ["b@example.com", "carol@example.com"]),
+        ):
+            arguments = {"to": ["a@example.com"], "subject": f"via {field}", "body_text": "Hi", field: value}
+            intent, _ = guard.prepare("send_email", arguments, None)  # a tool whose schema takes the field
+            assert "carol@example.com" in intent.recipients
+            with pytest.raises(Suppressed, match="opted out of email"):
+                await ledger.begin_send(intent, owner="w1", lease_seconds=60)
+        assert await ledger.list_operations() == []
 
 
 async def test_an_opt_out_of_a_formatted_number_stops_an_sms_to_its_e164_form(tmp_path: Path) -> None:

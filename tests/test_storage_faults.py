@@ -3,7 +3,7 @@
 Each fault is real, not mocked:
 - full: the ledger lives on a small tmpfs mounted for the test, filled to the last page by another file
   (SQLite then answers SQLITE_FULL); freeing that file is "the storage comes back". Mounting needs root
-  with CAP_SYS_ADMIN: without it these cases are skipped, saying so.
+  with CAP_SYS_ADMIN: without it these cases are skipped, saying so (under CI they fail: CI runs as root).
 - read_only: the ledger file and its WAL are made immutable (`chattr +i`), which even root cannot write,
   through file descriptors already open too. (Not the `-shm` file: SQLite writes it through a shared
   mapping, and an immutable mapping kills the process with SIGBUS.)
@@ -35,7 +35,7 @@ from hail_guard.config import LedgerSettings, Settings, UpstreamSettings
 from hail_guard.errors import LedgerUnavailable
 from hail_guard.models import State
 from hail_guard.policy import LEDGER_UNAVAILABLE
-from tests.conftest import email, text
+from tests.conftest import email, missing, text
 from tests.tcp_faults import Fault, no_faults
 from tests.test_network_faults import KEY, Rig, guard_view, on_first_send, open_rig
 
@@ -118,7 +118,10 @@ class LockedLedger:
 
 
 def chattr(flag: str, *paths: str) -> None:
-    done = subprocess.run(["chattr", flag, *paths], capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(["chattr", flag, *paths], capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise OSError("there is no `chattr` command here (Debian's e2fsprogs)") from None
     if done.returncode != 0:
         raise OSError(f"chattr {flag} failed: {done.stderr.strip()}")
 
@@ -136,9 +139,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
             check=False,
         )
     except FileNotFoundError:
-        pytest.skip("a full disk needs a small tmpfs, and there is no `mount` command here")
+        missing("a full disk needs a small tmpfs, and there is no `mount` command here (Debian's mount)")
     if mounted.returncode != 0:
-        pytest.skip(f"a full disk needs a small tmpfs (root with CAP_SYS_ADMIN); mount said: {mounted.stderr.strip()}")
+        missing(f"a full disk needs a small tmpfs (root with CAP_SYS_ADMIN); mount said: {mounted.stderr.strip()}")
     try:
         yield disk
     finally:
@@ -167,7 +170,7 @@ def _needs_chattr(folder: Path) -> None:
     try:
         chattr("+i", str(probe))
     except OSError as exc:
-        pytest.skip(f"an unwritable ledger needs `chattr +i` (CAP_LINUX_IMMUTABLE, a filesystem with it): {exc}")
+        missing(f"an unwritable ledger needs `chattr +i` (CAP_LINUX_IMMUTABLE, a filesystem with it): {exc}")
     chattr("-i", str(probe))
 
 

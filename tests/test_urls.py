@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from hail_guard.cli import main
 from hail_guard.urls import UNREADABLE_HOST, display_url, masked, parse_url
+from tests.conftest import missing
 
 MARKER = "SECRET"
 PASSWORD_TEXT = st.text(alphabet="abcXYZ019/#?@:%&=.-_~!$", max_size=12)
@@ -67,7 +69,8 @@ def test_status_names_the_ledger_without_its_password(
     monkeypatch.setenv("HAIL_GUARD_LEDGER_URL", f"sqlite:///{tmp_path / 'ledger.db'}")
     assert main(["status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ledger"] == f"sqlite:///{tmp_path / 'ledger.db'}"
-    pytest.importorskip("asyncpg", reason="a postgresql:// ledger needs the `postgres` extra")
+    if importlib.util.find_spec("asyncpg") is None:
+        missing("a postgresql:// ledger needs the `postgres` extra: pip install -e '.[dev,postgres]'")
     monkeypatch.setenv("HAIL_GUARD_LEDGER_URL", "postgresql://hg:pa/ss-SECRET@127.0.0.1:15432/hg")
     assert main(["status"]) == 1
     out, err = capsys.readouterr()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,6 +29,7 @@ from hail_guard.metrics import Metrics
 from hail_guard.models import DeliveryState, State, WebhookOutcome
 from hail_guard.web import build_http_app
 from tests.conftest import Harness, data, email, open_harness
+from tests.test_storage_faults import ReadOnlyLedger
 from tests.test_web import sample
 
 SECRET = "whsec-test-0123456789abcdef"
@@ -60,12 +64,26 @@ class Receiver:
     ) -> httpx2.Response:
         """A webhook as Hail sends it: signed now (or `at`), with its delivery id; no bearer token."""
         body = body if body is not None else json.dumps({"type": event_type, "data": body_data}).encode()
-        signature = signature or webhooks.sign(secret, body, int(at if at is not None else time.time()))
+        signature = signature or hail_signature(secret, body, int(at if at is not None else time.time()))
         headers = {"X-Hail-Signature": signature, "X-Hail-Delivery": delivery_id, "Content-Type": "application/json"}
         return await self.http.post(f"{self.url}webhooks/hail", content=body, headers=headers)
 
     async def operation(self, operation_id: str) -> dict[str, Any]:
         return data(await self.harness.call("get_operation", {"operation_id": operation_id}))
+
+
+def hail_signature(secret: str, body: bytes, timestamp: int) -> str:
+    """`X-Hail-Signature` as Hail makes it, written here from its definition (never with `webhooks.sign`):
+    `t=<unix seconds>,v1=<hex of HMAC-SHA256(secret, "<t>.<raw body>")>`."""
+    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={digest}"
+
+
+VECTOR_BODY = b'{"type":"email.delivered","data":{"id":"em_01J9ZQ"}}'
+VECTOR_TIME = 1_767_225_600
+VECTOR = "t=1767225600,v1=6653145b43cfbd5d30d1bd780af2c59a4a5699759b6ce6d48d98e81713205a5b"
+"""The header for SECRET, VECTOR_BODY and VECTOR_TIME, computed outside hail-guard and Python:
+`printf '%s' '1767225600.<body>' | openssl dgst -sha256 -hmac 'whsec-test-0123456789abcdef'`."""
 
 
 @asynccontextmanager
@@ -299,3 +317,68 @@ def test_any_of_several_signatures_may_match_while_a_secret_is_rotated() -> None
     hook = webhooks.parse(body, delivery_id="d", signature=new)
     assert hook.observation is not None
     assert (hook.provider_id, hook.observation.state) == ("e-1", DeliveryState.DELIVERED)
+
+
+def test_the_documented_signature_vector_is_what_hail_guard_signs_and_accepts() -> None:
+    assert hail_signature(SECRET, VECTOR_BODY, VECTOR_TIME) == VECTOR  # the test's signer agrees with openssl
+    assert webhooks.sign(SECRET, VECTOR_BODY, VECTOR_TIME) == VECTOR
+    digest = VECTOR.split("v1=")[1]
+    accepted = webhooks.verify(SECRET, VECTOR_BODY, VECTOR, now=VECTOR_TIME + 299.0, tolerance_seconds=300)
+    assert accepted == digest
+    for forged in (
+        VECTOR_BODY.replace(b"em_01J9ZQ", b"em_01J9ZR"),  # one byte of the body
+        VECTOR_BODY + b" ",  # the raw body is signed, not its JSON meaning
+    ):
+        with pytest.raises(WebhookRefused, match="signature"):
+            webhooks.verify(SECRET, forged, VECTOR, now=VECTOR_TIME, tolerance_seconds=300)
+    later = VECTOR.replace("1767225600", "1767225601")  # the time is signed too
+    with pytest.raises(WebhookRefused, match="signature"):
+        webhooks.verify(SECRET, VECTOR_BODY, later, now=VECTOR_TIME, tolerance_seconds=300)
+    with pytest.raises(WebhookRefused, match="signature"):
+        webhooks.verify(SECRET + "x", VECTOR_BODY, VECTOR, now=VECTOR_TIME, tolerance_seconds=300)
+
+
+async def test_the_body_a_webhook_arrived_with_is_recorded_byte_for_byte(tmp_path: Path) -> None:
+    async with receiving(tmp_path) as receiver:
+        _, provider_id = await accepted(receiver, "send_email", email())
+        said = '{ "data" : {"id": "%s", "note": "caf\\u00e9 \u2014 ok"},\n  "type": "email.delivered" }'
+        body = (said % provider_id).encode()  # escapes, a raw em dash, spacing and key order kept as sent
+        response = await receiver.post("", {}, delivery_id="raw-1", body=body)
+        assert (response.status_code, response.json()["status"]) == (200, "applied")
+    with sqlite3.connect(tmp_path / "ledger.db") as db:
+        [(stored,)] = db.execute("SELECT payload FROM webhook_deliveries WHERE delivery_id = 'raw-1'").fetchall()
+    assert stored == body.decode("utf-8")
+
+
+async def test_a_webhook_the_ledger_cannot_record_gets_503_and_hails_retry_is_applied(tmp_path: Path) -> None:
+    async with receiving(tmp_path) as receiver:
+        operation_id, provider_id = await accepted(receiver, "send_email", email())
+        storage = ReadOnlyLedger(tmp_path)
+        storage.inflict()
+        try:
+            refused = await receiver.post("email.delivered", {"id": provider_id}, delivery_id="ro-1")
+        finally:
+            storage.mend()
+        retried = await receiver.post("email.delivered", {"id": provider_id}, delivery_id="ro-1", at=time.time() + 1)
+        shown = await receiver.operation(operation_id)
+    assert (refused.status_code, refused.json()["status"]) == (503, "unrecorded")
+    assert "retry later" in refused.json()["message"]
+    assert (retried.status_code, retried.json()["status"]) == (200, "applied")  # nothing was recorded the first time
+    assert [event["detail"] for event in shown["delivery_events"]] == ["ro-1"]
+
+
+async def test_an_sms_stop_suppresses_sms_only_leaving_email_and_calls_to_the_sender(tmp_path: Path) -> None:
+    async with receiving(tmp_path) as receiver:
+        reply = {"id": "in-3", "from": NUMBER, "body": "STOP"}
+        assert (await receiver.post("sms.received", reply, delivery_id="in-3")).json()["status"] == "opted_out"
+        call = {"to": NUMBER, "first_message": "Hi, it is Ada", "agent_id": "a1", "recipient_consent": True}
+        called = await receiver.harness.call("place_call", call)
+        mailed = await receiver.harness.call("send_email", email(to=["lead@example.com"]))
+        texted = await receiver.harness.call("send_sms", {"to": NUMBER, "body": "Hi", "recipient_consent": True})
+        [opt_out] = await receiver.harness.ledger.list_suppressions()
+    assert (opt_out.recipient, opt_out.channel) == (NUMBER, "sms")
+    assert data(called)["hail_guard"]["state"] == "accepted"
+    assert data(mailed)["hail_guard"]["state"] == "accepted"
+    assert texted.is_error
+    assert f"{NUMBER} opted out of sms" in data(texted)["error"]
+    assert [line["tool"] for line in receiver.harness.sandbox.outbox] == ["place_call", "send_email"]

@@ -33,12 +33,21 @@ async def shared_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Async
         yield url
 
 
-def write_config(tmp_path: Path, ledger_url: str, upstream_url: str, *, lease_seconds: float = 60.0) -> Path:
+def write_config(
+    tmp_path: Path,
+    ledger_url: str,
+    upstream_url: str,
+    *,
+    lease_seconds: float = 60.0,
+    timeout_seconds: float = 5.0,
+    shutdown_seconds: float = 10.0,
+) -> Path:
     config = tmp_path / "hail-guard.toml"
     config.write_text(
         f'[ledger]\nurl = "{ledger_url}"\nbusy_timeout_seconds = 30\n'
-        f'[upstream]\nurl = "{upstream_url}"\ntimeout_seconds = 5.0\n'
-        f"[guard]\nlease_seconds = {lease_seconds}\n[worker]\npoll_seconds = 0.2\nshutdown_seconds = 10\n"
+        f'[upstream]\nurl = "{upstream_url}"\ntimeout_seconds = {timeout_seconds}\n'
+        f"[guard]\nlease_seconds = {lease_seconds}\n[worker]\npoll_seconds = 0.2\n"
+        f"shutdown_seconds = {shutdown_seconds}\n"
         '[log]\nlevel = "warning"\n'
     )
     return config
@@ -140,3 +149,23 @@ async def test_sigterm_lets_in_flight_sends_finish_then_exits_cleanly(tmp_path: 
         assert State.UNKNOWN not in counts
         assert counts[State.ACCEPTED] == len(outbox_lines(outbox))
         assert counts[State.READY] > 0
+
+
+async def test_a_send_sigterm_cuts_off_at_the_shutdown_bound_is_recorded_unknown(
+    tmp_path: Path, shared_ledger: str
+) -> None:
+    async with running_sandbox(tmp_path, "send_email:1:hang_after_accept") as (url, outbox):
+        config = write_config(tmp_path, shared_ledger, url, timeout_seconds=60.0, shutdown_seconds=0.5)
+        batch_id = plan_batch(tmp_path, config, 1)
+        worker = await start_worker(config, batch_id, 1)
+        with anyio.fail_after(30):
+            while not outbox_lines(outbox):  # noqa: ASYNC110  (another process's file: Hail has the send)
+                await anyio.sleep(0.05)
+        assert await stop(worker) == 0  # long before the upstream's 60 s timeout
+        async with open_ledger(shared_ledger) as ledger:
+            [operation] = await ledger.list_operations(batch_id=batch_id)
+            events = await ledger.events(operation.id)
+        assert operation.state is State.UNKNOWN  # never `sending` with nobody holding it, never `ready`
+        assert (events[-1].from_state, events[-1].to_state) == (State.SENDING, State.UNKNOWN)
+        assert "interrupted" in (operation.last_error or ""), operation.last_error
+        assert len(outbox_lines(outbox)) == 1
