@@ -133,7 +133,7 @@ async def test_a_literal_agent_changing_its_recipients_never_doubles_anyone(tmp_
         assert delivered(harness.sandbox) == Counter({ADA: 1, BOB: 1}), agent.log
 
 
-_variation = st.fixed_dictionaries(
+_variation: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
     {},
     optional={
         "cc": st.sampled_from([None, []]),

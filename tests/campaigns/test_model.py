@@ -425,7 +425,7 @@ class GuardMachine(RuleBasedStateMachine):
         for operation in drained:
             if operation.state is State.READY:
                 assert oracle.held(operation.recipients[0], but=operation.id), f"{operation.id} left ready, not held"
-        sent = Counter(op.state for op in drained if op.state not in (State.READY, State.CANCELLED))
+        sent: Counter[State] = Counter(op.state for op in drained if op.state not in (State.READY, State.CANCELLED))
         faulted = FIRST_ATTEMPT[fault] if sent else State.ACCEPTED
         shown = f"{dict(sent)} with {fault}"
         assert set(sent) <= {faulted, State.ACCEPTED}, shown

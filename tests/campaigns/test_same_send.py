@@ -230,7 +230,7 @@ async def test_a_planned_send_to_a_held_recipient_waits_ready_and_the_rest_of_th
 
 # --- 4. a second ledger ---------------------------------------------------------------------------------
 
-REGENERATED = {
+REGENERATED: dict[str, dict[str, Any]] = {
     "a null added": {"cc": None},
     "a trailing space": {"body_text": "Hi Ada, nice to meet you. "},
     "the recipient re-cased": {"to": ["ADA@Example.com"]},

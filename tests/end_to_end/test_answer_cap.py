@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -147,7 +147,7 @@ async def served(app: ASGIApp) -> AsyncIterator[int]:
         server.should_exit = True
 
 
-def read_bytes(logs: list[dict[str, Any]]) -> int:
+def read_bytes(logs: Sequence[Mapping[str, Any]]) -> int:
     [refused] = [entry for entry in logs if entry["event"] == "upstream_answer_too_large"]
     assert refused["limit_bytes"] == MAX_ANSWER_BYTES
     return int(refused["read_bytes"])

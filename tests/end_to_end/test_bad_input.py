@@ -163,7 +163,7 @@ VALID: dict[str, dict[str, Any]] = {
 @st.composite
 def one_field_off(draw: st.DrawFn, valid: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
     """`valid` with one field (or one inside metadata) replaced by anything, dropped, or added."""
-    arguments = json.loads(json.dumps(valid))
+    arguments: dict[str, Any] = json.loads(json.dumps(valid))
     names = sorted(set(schema.get("properties", {})) | set(arguments))
     name = draw(st.one_of(st.sampled_from(names), ODD_TEXT))
     target = arguments
@@ -332,7 +332,7 @@ async def exchange(
     """Send `message`; the messages read up to and including its answer."""
     assert process.stdin is not None
     await process.stdin.send(json.dumps(message).encode() + b"\n")
-    seen = []
+    seen: list[dict[str, Any]] = []
     with anyio.fail_after(15):
         while not seen or seen[-1].get("id") != message["id"]:
             seen.append(await read_message(stdout))

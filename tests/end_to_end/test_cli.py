@@ -18,7 +18,7 @@ from hail_guard.cli.clients import TOKEN_PLACEHOLDER
 from tests.end_to_end.test_upstream import ECHO_SERVER
 from tests.unit.test_docs import doc_block
 
-CONSENTED = {
+CONSENTED: dict[str, Any] = {
     "to": ["lead@example.com"],
     "subject": "Hi",
     "body_text": "Hello",

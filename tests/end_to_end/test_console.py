@@ -237,7 +237,7 @@ async def test_a_batch_is_approved_cancelled_and_shown_with_its_progress(tmp_pat
         async with harness.client() as agent:
             planned = await agent.call_tool("plan_batch", {"sends": sends, "name": HOSTILE})
         assert not planned.is_error, planned.content
-        batch_id = planned.structured_content["batch_id"]  # type: ignore[index]
+        batch_id = planned.structured_content["batch_id"]
         csrf = await signed_in(client, name="Bo")
         listing = await client.get("/console/campaigns")
         assert batch_id in listing.text
@@ -375,6 +375,7 @@ async def test_the_console_command_serves_alone_on_loopback_and_prints_a_one_tim
                 printed += chunk.decode()
                 if found := re.search(r"http://127\.0\.0\.1:\d+/console/login\?once=\S+", printed):
                     break
+        assert found is not None
         link = found.group(0)
         async with httpx2.AsyncClient() as browser:
             signed = await browser.get(link)
@@ -393,7 +394,7 @@ async def test_a_calls_llm_key_is_never_shown_by_any_page_or_export(tmp_path: Pa
     call = {"to": "+14155550100", "llm": {"base_url": "https://llm.example/v1", "api_key": llm_key, "model": "m1"}}
     async with open_harness(tmp_path) as harness, console_client(console_site(harness)) as client:
         placed = (await harness.call("place_call", {**call, "recipient_consent": True})).structured_content
-        operation_id = placed["hail_guard"]["operation_id"]  # type: ignore[index]
+        operation_id = placed["hail_guard"]["operation_id"]
         await signed_in(client)
         shown = ""
         for path in (

@@ -44,7 +44,7 @@ async def test_a_campaign_of_ready_sends_says_plainly_that_nobody_is_sending_the
             for n in (1, 2)
         ]
         async with harness.client() as agent:
-            batch_id = (await agent.call_tool("plan_batch", {"sends": sends})).structured_content["batch_id"]  # type: ignore[index]
+            batch_id = (await agent.call_tool("plan_batch", {"sends": sends})).structured_content["batch_id"]
         await signed_in(client)
         page = text_of((await client.get(f"/console/campaigns/{batch_id}")).text)
         assert (
@@ -132,7 +132,7 @@ async def test_a_campaigns_held_sends_are_shown_with_what_holds_each(tmp_path: P
                 }
                 for n in (1, 2)
             ]
-            batch_id = (await agent.call_tool("plan_batch", {"sends": sends})).structured_content["batch_id"]  # type: ignore[index]
+            batch_id = (await agent.call_tool("plan_batch", {"sends": sends})).structured_content["batch_id"]
             await agent.call_tool("run_batch", {"batch_id": batch_id})
         await signed_in(client)
         page = text_of((await client.get(f"/console/campaigns/{batch_id}")).text)

@@ -19,7 +19,6 @@ import anyio
 import pytest
 
 from hail_guard import batch, drill, policy, same_send
-from hail_guard.batch import Batches
 from hail_guard.cli import drill as command_line
 from hail_guard.config import Settings
 from hail_guard.drill import DrillOptions, DrillReport, Scenario, run_drill
@@ -290,8 +289,7 @@ def resume_skips_unknowns(monkeypatch: pytest.MonkeyPatch) -> None:
     ) -> list[Operation]:
         return [] if batch_id is not None else await reconcile(self, operation_id, batch_id=batch_id)
 
-    monkeypatch.setattr(Guard, "reconcile", reconcile_except_batches)
-    assert Batches.run  # the caller whose first step this removes
+    monkeypatch.setattr(Guard, "reconcile", reconcile_except_batches)  # the first step of Batches.run
 
 
 def changed_request_not_compared(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -341,7 +339,7 @@ def reconcile_mints_a_new_key(monkeypatch: pytest.MonkeyPatch) -> None:
     """8: reconcile replays the stored request under a new key."""
     replay = Guard._replay
 
-    async def replay_under_a_new_key(self: Guard, operation: Operation) -> Answer:
+    async def replay_under_a_new_key(self: Guard, operation: Operation) -> Outcome:
         request = {**operation.arguments(), "idempotency_key": f"{operation.idempotency_key}:again"}
         return await replay(self, operation.model_copy(update={"request": json.dumps(request)}))
 

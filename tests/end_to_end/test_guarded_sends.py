@@ -260,7 +260,7 @@ def _send_email_tool() -> Any:
 
 
 async def test_a_retry_that_writes_2_as_2_0_is_the_same_message(tmp_path: Path) -> None:
-    call = {
+    call: dict[str, Any] = {
         "to": "+14155550123",
         "recipient_consent": True,
         "first_message": "Hello",

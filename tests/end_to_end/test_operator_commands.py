@@ -353,7 +353,7 @@ LLM_KEY = "sk-live-0123456789-SECRET"
 async def test_a_calls_llm_api_key_is_stored_for_replays_but_shown_and_logged_nowhere(
     ledger_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    call = {
+    call: dict[str, Any] = {
         "to": "+14155550100",
         "llm": {"base_url": "https://llm.example/v1", "api_key": LLM_KEY, "model": "m1"},
         "recipient_consent": True,

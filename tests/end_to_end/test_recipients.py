@@ -330,7 +330,7 @@ def _mailbox_spellings(draw: st.DrawFn) -> tuple[str, list[str]]:
 
 
 def _send(tool: str, arguments: dict[str, Any]) -> Intent:
-    guard = Guard(ledger=None, upstream=None, settings=GuardSettings())  # type: ignore[arg-type]  (prepare needs neither)
+    guard = Guard(ledger=None, upstream=None, settings=GuardSettings())  # type: ignore[arg-type]  # prepare needs neither
     return guard.prepare(tool, arguments, input_schema(tool) or {})[0]
 
 

@@ -55,7 +55,7 @@ def view(result: Any) -> dict[str, Any]:
     return found
 
 
-FORM_ONLY = {
+FORM_ONLY: dict[str, dict[str, Any]] = {
     "cc null": {"cc": None},
     "cc empty": {"cc": []},
     "body_html null": {"body_html": None},

@@ -16,7 +16,7 @@ from hail_guard.profiles.drafting import draft
 from hail_guard.profiles.sending import recipient_pointers, sends
 
 _EMAILS = {"type": "array", "items": {"type": "string", "format": "email"}}
-BATCH = {
+BATCH: dict[str, Any] = {
     "type": "object",
     "properties": {
         "emails": {

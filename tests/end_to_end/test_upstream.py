@@ -455,7 +455,7 @@ def _made(cls: type[Exception], message: str) -> Exception:
         lambda: cls(message, request=REQUEST, response=response),  # type: ignore[call-arg]
         lambda: cls(message, request=REQUEST),  # type: ignore[call-arg]
         lambda: cls(5, message) if issubclass(cls, OSError) else cls(message),
-        lambda: cls(),
+        cls,
     ):
         try:
             return attempt()

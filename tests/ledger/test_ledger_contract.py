@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import anyio
 import pytest
@@ -647,16 +648,16 @@ async def test_delivery_checks_are_held_for_one_tracker_backed_off_and_stop_when
     first = await accepted(ledger, "k1", "e-1")
     second = await accepted(ledger, "k2", "e-2")
     await in_review(ledger, "k3")
-    claim = {"channels": ["email"], "max_age_seconds": 3600.0, "hold_seconds": 60.0}
-    assert [op.id for op in await ledger.claim_delivery_checks(**claim)] == [first.id, second.id]
-    assert await ledger.claim_delivery_checks(**claim) == []
-    assert await ledger.claim_delivery_checks(**{**claim, "channels": ["sms"], "hold_seconds": 0.0}) == []
+    claim = partial(ledger.claim_delivery_checks, max_age_seconds=3600.0)
+    assert [op.id for op in await claim(channels=["email"], hold_seconds=60.0)] == [first.id, second.id]
+    assert await claim(channels=["email"], hold_seconds=60.0) == []
+    assert await claim(channels=["sms"], hold_seconds=0.0) == []
     checked = await ledger.record_delivery(first.id, [], next_check_seconds=0.0)
     assert checked.delivery_checks == 1
     await ledger.record_delivery(second.id, [observed(DeliveryState.DELIVERED, source="poll")], next_check_seconds=0.0)
-    assert [op.id for op in await ledger.claim_delivery_checks(**claim)] == [first.id]
+    assert [op.id for op in await claim(channels=["email"], hold_seconds=60.0)] == [first.id]
     await ledger.record_delivery(first.id, [], next_check_seconds=3600.0)
-    assert await ledger.claim_delivery_checks(**claim) == []
+    assert await claim(channels=["email"], hold_seconds=60.0) == []
 
 
 async def test_delivery_checks_stop_at_the_maximum_age(ledger: Ledger) -> None:

@@ -159,7 +159,7 @@ def refusals() -> dict[str, tuple[str, Operation | None]]:
 
 
 def answers() -> dict[str, tuple[str, Operation | None]]:
-    every = {
+    every: dict[str, tuple[str, Operation | None]] = {
         f"a send that is {name}": (text(_send_result(SendReport(op, replayed=True))), op)
         for name, op in OPERATIONS.items()
     }

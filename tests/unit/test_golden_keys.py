@@ -236,7 +236,9 @@ async def test_the_bytes_a_send_is_stored_and_forwarded_with_are_read_back_as_al
         operation = await harness.ledger.find_by_key(key)
         assert operation is not None
         assert (operation.request, operation.request_fingerprint) == (stored, request_fingerprint)
-        [line] = [line for line in harness.sandbox.outbox if line["idempotency_key"] == key] or [None]
+        received = [line for line in harness.sandbox.outbox if line["idempotency_key"] == key]
+        assert len(received) <= 1
+        line = received[0] if received else None
     if line is not None:  # what Hail received is the stored request
         assert line["request"] == {k: v for k, v in json.loads(stored).items() if k != "idempotency_key"}
     if ledger_url.startswith("sqlite:"):  # and the file holds exactly these bytes

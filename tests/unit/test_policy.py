@@ -240,7 +240,10 @@ def test_differing_fields_are_named_by_path() -> None:
 
 
 def test_tools_taking_a_key_are_guarded_unless_configured() -> None:
-    schemas = {"send_email": {"properties": {"idempotency_key": {}}}, "whoami": {"properties": {}}}
+    schemas: dict[str, dict[str, Any]] = {
+        "send_email": {"properties": {"idempotency_key": {}}},
+        "whoami": {"properties": {}},
+    }
     assert hail().guarded(schemas, None) == {"send_email"}
     assert hail().guarded(schemas, ["whoami"]) == {"whoami"}
 
@@ -276,7 +279,7 @@ def test_a_valid_send_passes_hails_rules_where_one_field_changed_does_not(
     tool: str, valid: dict[str, Any], broken: dict[str, Any], message: str
 ) -> None:
     spec = hail().spec(tool)
-    assert policy.check_rules(spec, valid, {}) is None
+    policy.check_rules(spec, valid, {})  # passes: no BadInput
     changed = {name: value for name, value in {**valid, **broken}.items() if value is not None}
     with pytest.raises(BadInput, match=message):
         policy.check_rules(spec, changed, {})

@@ -7,6 +7,7 @@ import json
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -46,7 +47,10 @@ def test_every_built_in_profile_loads_and_hail_is_the_default() -> None:
     assert [built_in(name).name for name in BUILT_IN] == list(BUILT_IN)
     assert load_settings(None, environ={}).upstream.profile == "hail"
     assert set(hail().tools) == {"send_email", "send_sms", "place_call"}
-    taking_key = {"acquire_number": {"properties": {"idempotency_key": {}}}, "whoami": {"properties": {}}}
+    taking_key: dict[str, dict[str, Any]] = {
+        "acquire_number": {"properties": {"idempotency_key": {}}},
+        "whoami": {"properties": {}},
+    }
     assert hail().guarded(taking_key, None) == {"acquire_number"}
     assert built_in("resend").spec("send-email").key == "idempotencyKey"
     assert built_in("agentmail").spec("send_message").key is None

@@ -5,6 +5,7 @@ they find) is the contract suite's; the agent's side, `tests/end_to_end/test_gua
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -292,7 +293,7 @@ def test_near_texts_are_not_compared_when_the_rules_say_so(rules: Rules, allow_d
 def test_judge_reads_the_stored_message_of_each_candidate() -> None:
     seen: list[str] = []
 
-    def message_of(tool: str, arguments: dict[str, Any]) -> str:
+    def message_of(tool: str, arguments: Mapping[str, Any]) -> str:
         seen.append(arguments["subject"])
         return json.dumps(arguments["subject"])
 
