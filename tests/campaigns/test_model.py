@@ -226,13 +226,16 @@ class Oracle:
         return Expected(forwarded=True)
 
     def plan(self, sends: Sequence[Send]) -> str | None:
-        """The rule that refuses a campaign, or None: it plans (holds and opt-outs do not refuse a batch)."""
+        """The rule that refuses a campaign, or None: it plans (holds and opt-outs do not refuse a batch; a near-same
+        text does, as it does a send made alone)."""
         if len({send.key for send in sends}) < len(sends):
             return "batch_key_twice"
         if any(self.by_key(send.key) for send in sends):
             return "batch_key_known"
         if any(self.matches(send) for send in sends):
             return "batch_repeat"
+        if any(self.near(send) for send in sends):  # a campaign planned again with its text reworded
+            return "near"
         return None
 
 
