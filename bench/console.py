@@ -67,7 +67,7 @@ async def measure(url: str, rows: int, views: int) -> Rendered:
         async with httpx2.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             await _sign_in(client, os.environ[TOKEN_ENV])
             first = await _timed(client, "/console/")
-            samples = {name: [] for name, _ in PAGES}
+            samples: dict[str, list[float]] = {name: [] for name, _ in PAGES}
             for n in range(views):
                 for name, path in PAGES:
                     samples[name].append(await _timed(client, path.format(n=1 + n * 7919 % rows)))

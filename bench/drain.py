@@ -11,7 +11,7 @@ the ledger. Forwarding with latency is measured too: it shows what this machine 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -54,7 +54,7 @@ async def drain_guarded(ledger_url: str, sends: int, concurrency: int, latency_m
         batch_id = await proxy.batches.plan(planned_sends(sends, f"drain{latency_ms}"), name="bench")
         plan_seconds = time.perf_counter() - started
         dispatch: list[float] = []
-        proxy.guard.dispatch = _timing(proxy.guard.dispatch, dispatch)  # type: ignore[method-assign]
+        proxy.guard.dispatch = _timing(proxy.guard.dispatch, dispatch)  # type: ignore[method-assign,assignment]
         started = time.perf_counter()
         status = await proxy.batches.run(batch_id, concurrency=concurrency)
         wall = time.perf_counter() - started
@@ -64,7 +64,7 @@ async def drain_guarded(ledger_url: str, sends: int, concurrency: int, latency_m
 
 def _timing(
     dispatch: Callable[[Operation, str], Awaitable[Operation]], into: list[float]
-) -> Callable[[Operation, str], Awaitable[Operation]]:
+) -> Callable[[Operation, str], Coroutine[Any, Any, Operation]]:
     async def timed(operation: Operation, owner: str) -> Operation:
         started = time.perf_counter()
         try:
@@ -79,7 +79,7 @@ async def forward_only(sends: int, concurrency: int, latency_ms: int) -> Drained
     """The same requests the guard would forward, over one upstream connection, with no ledger."""
     settings = GuardSettings()
     schema = _send_email_schema()
-    guard = Guard(ledger=None, upstream=None, settings=settings)  # type: ignore[arg-type]  (prepare needs neither)
+    guard = Guard(ledger=None, upstream=None, settings=settings)  # type: ignore[arg-type]  # prepare needs neither
     requests = iter([guard.prepare("send_email", lead_email(n, f"fwd{latency_ms}"), schema)[1] for n in range(sends)])
     dispatch: list[float] = []
     async with (

@@ -229,7 +229,7 @@ def new_intents(count: int, tag: str) -> list[Intent]:
     from hail_guard.sandbox.tools import input_schema
 
     schema = input_schema("send_email") or {}
-    guard = Guard(ledger=None, upstream=None, settings=GuardSettings())  # type: ignore[arg-type]  (prepare needs neither)
+    guard = Guard(ledger=None, upstream=None, settings=GuardSettings())  # type: ignore[arg-type]  # prepare needs neither
     return [guard.prepare("send_email", lead_email(n, tag), schema)[0] for n in range(count)]
 
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,7 @@ def _overhead(run: _Run) -> None:
                     )
                 run.report.figures.extend(found)
 
-            run.step(f"overhead, {kind}, upstream {latency_ms} ms", lambda case=case: anyio.run(case))
+            run.step(f"overhead, {kind}, upstream {latency_ms} ms", partial(anyio.run, case))
 
 
 def _peer(run: _Run) -> None:
@@ -177,7 +178,7 @@ def _drain(run: _Run) -> None:
                 async with run.ledgers.fresh(kind) as url:
                     return await drain.drain_guarded(url, sends, concurrency, latency_ms)
 
-            done = run.step(f"drain, {kind}, {sends:,} at {latency_ms} ms", lambda case=case: anyio.run(case))
+            done = run.step(f"drain, {kind}, {sends:,} at {latency_ms} ms", partial(anyio.run, case))
             if latency_ms:
                 run.report.figures.append(drain.plan_figure(kind, done))
                 run.report.figures.append(drain.latency_figure(kind, done, concurrency, latency_ms, guarded=True))
@@ -202,7 +203,7 @@ def _growth(run: _Run) -> None:
                         run.report.plans.extend({"ledger": kind, "rows": total, **plan} for plan in plans)
                 return growth.Timings(shape.history, samples, filled)
 
-            timings.append(run.step(f"growth, {kind}, {rows:,} operations", lambda case=case: anyio.run(case)))
+            timings.append(run.step(f"growth, {kind}, {rows:,} operations", partial(anyio.run, case)))
         run.report.figures.extend(growth.figures(kind, timings[0], timings[1]))
 
 
@@ -220,7 +221,7 @@ def _limits(run: _Run) -> None:
                 limits.ledger_figure(kind, rate, commits, sends, concurrency),
             ]
 
-        run.report.figures.extend(run.step(f"limits, {kind}", lambda case=case: anyio.run(case)))
+        run.report.figures.extend(run.step(f"limits, {kind}", partial(anyio.run, case)))
 
 
 OVERHEAD_DISK_SECONDS = 0.5
@@ -258,7 +259,7 @@ def _console(run: _Run) -> None:
                 return await console.measure(url, sizes.console_operations, sizes.console_views)
 
         rows = sizes.console_operations
-        rendered = run.step(f"console, {kind}, {rows:,} operations", lambda case=case: anyio.run(case))
+        rendered = run.step(f"console, {kind}, {rows:,} operations", partial(anyio.run, case))
         run.report.figures.extend(console.figures(kind, rendered))
 
 

@@ -1,6 +1,6 @@
 """Crash points: named places in the send path where a test makes hail-guard die on purpose.
 
-A testing hook for the fault campaign (tests/test_crash_points.py); NEVER set it in production.
+A testing hook for the fault campaign (tests/campaigns/test_crash_points.py); NEVER set it in production.
 `HAIL_GUARD_CRASH_AT=NAME` (or `NAME:N`) makes the first (or the Nth) time this process reaches the
 point NAME end the process with SIGKILL: no cleanup, no shielded ledger write, no flushed buffer,
 exactly like the OOM killer or a power cut. The variable is read once, at import; unset, a crash

@@ -199,6 +199,7 @@ class Guard:
             policy.check_rules(spec, request, input_schema)
         else:
             nesting.check_arguments(tool, request)  # every step below recurses once per level
+        keys.canonical_json(request)  # and reads values a schema may leave free: one that cannot be written is refused
         region = self._settings.default_region
         reaches = recipients.recipients_of(spec.channel, request, spec.recipients, region=region)  # refuses bad ones
         derived_from = {**request, **own_key}

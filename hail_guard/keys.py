@@ -15,7 +15,7 @@ Key derivation (docs/explanation/keys.md, "How a key is made"), in order:
 
 Keys already in ledgers never change. Before meaning keys, step 4 gave a content key `hg:<channel>:<hash>`
 over the canonical request (`legacy_key`); the guard still looks that form up, so a retry after an
-upgrade finds its operation. Golden vectors (tests/test_golden_keys.py) pin both forms.
+upgrade finds its operation. Golden vectors (tests/unit/test_golden_keys.py) pin both forms.
 
 The one other key ever minted is an operator's deliberate resend (`resend_key`): a new action,
 `<original key>:resend:<n>`.

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 from mcp import Client, types
@@ -55,13 +55,19 @@ async def _every_event_is_a_legal_move(ledger: Ledger) -> None:
             assert is_legal(event.from_state, event.to_state), f"{operation.id}: {event.from_state} -> {event.to_state}"
 
 
+def missing(reason: str, *, module: bool = False) -> NoReturn:
+    """What a test needs is not on this machine: skipped, saying why; under CI (`CI` set) a failure, since
+    `.ci/run` installs everything the tests need. `module`: said while a test module is imported."""
+    if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+        pytest.fail(f"CI must run this: {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=module)
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     """One PostgreSQL server for the session (see tests/postgres.py). Missing: skipped, but under CI a failure."""
     if reason := postgres.missing_reason():
-        if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
-            pytest.fail(f"CI must run the PostgreSQL leg: {reason}", pytrace=False)
-        pytest.skip(reason)
+        missing(f"the PostgreSQL leg: {reason}")
     with postgres.postgres_server() as server:
         yield server
 

@@ -49,7 +49,7 @@ def console_site(harness: Harness, **console: object) -> Starlette:
 
 def console_state(site: Starlette) -> Console:
     mount = site.routes[0]
-    inner = mount.app.app  # type: ignore[attr-defined]  (the console behind its checks)
+    inner = mount.app.app  # type: ignore[attr-defined]  # the console behind its checks
     console: Console = inner.state.console
     return console
 

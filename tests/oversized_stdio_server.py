@@ -1,4 +1,4 @@
-"""A raw stdio MCP server for tests/test_answer_cap.py: `echo` echoes; `echo_big` answers with a line of SIZE
+"""A raw stdio MCP server for tests/end_to_end/test_answer_cap.py: `echo` echoes; `echo_big` answers with a line of SIZE
 bytes, written a chunk at a time, and after each chunk the bytes written so far go to the file WRITTEN (so a
 test learns how much its reader took before it stopped reading).
 

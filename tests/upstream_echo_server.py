@@ -1,4 +1,4 @@
-"""A tiny stdio MCP server for tests/test_upstream.py: echoes, reports its token, can die."""
+"""A tiny stdio MCP server for tests/end_to_end/test_upstream.py: echoes, reports its token, can die."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ config.example.toml), `profile` (the profile model, `hail_guard.profiles.model`)
 `hail_guard.tools.OWN`), `states`, `moves` and `machine` (`hail_guard.lifecycle` and the answers' texts),
 `delivery` (`hail_guard.delivery`), `same_send` (the rules as `hail_guard/same_send.py`'s docstring states
 them), `imports` (the import rules, `[tool.importlinter]` in pyproject.toml). MkDocs runs it as a hook
-(mkdocs.yml `hooks:`); tests/test_docs.py renders every part too, so a change to the code that breaks a
+(mkdocs.yml `hooks:`); tests/unit/test_docs.py renders every part too, so a change to the code that breaks a
 part fails the tests, not only the site's build.
 """
 
@@ -244,7 +244,7 @@ PROFILE_MEANINGS: Mapping[str, str] = {
     "FailedRecord.reason": "how the failure is worded",
     "Answers.failed": "records that say they failed ([answers.failed](#answersfailed))",
 }
-"""Meanings of the profile's keys whose fields carry no docstring (tests/test_docs.py checks each names a field)."""
+"""Meanings of the profile's keys whose fields carry no docstring (tests/unit/test_docs.py: each names a field)."""
 
 
 def _model_rows(model: type[BaseModel], docstrings: Mapping[tuple[str, str], str]) -> list[tuple[str, ...]]:
@@ -366,7 +366,7 @@ MOVERS: Mapping[str, str] = {
     "RECONCILE": "`reconcile`: the tool, the command, and `batch run` and workers before they send",
     "OPERATOR": "an operator: the command line, the console (the agent too, with the review queue exposed)",
 }
-"""Who moves an operation, where `lifecycle.Mover` has no docstring (tests/test_docs.py checks each names one)."""
+"""Who moves an operation, where `lifecycle.Mover` has no docstring (tests/unit/test_docs.py checks each names one)."""
 
 
 def moves() -> str:
@@ -409,7 +409,7 @@ def machine() -> str:
 
 def imports() -> str:
     """The import rules as pyproject.toml writes them for import-linter (`[tool.importlinter]`), which
-    tests/test_layout.py checks: the layers top to bottom, then each other contract."""
+    tests/unit/test_layout.py checks: the layers top to bottom, then each other contract."""
     import tomllib
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]

@@ -6,7 +6,7 @@
   answers in words: `Email sent successfully! {"id":"..."}`; `get-email` (by `id`), `get-broadcast` and
   `list-emails` (no filters: `limit`, newest first, one line a message) read back; failures are isError
   `Email failed to send: {"statusCode":...,"message":...,"name":...}`. (The real package itself runs in the
-  tests too, in front of a fake of Resend's REST API: `tests/test_resend_mcp.py`.)
+  tests too, in front of a fake of Resend's REST API: `tests/end_to_end/test_resend_mcp.py`.)
 - AgentMail's hosted MCP (`agentmail-to/agentmail-mcp`, tools from the Node `agentmail-toolkit`):
   `send_message` (`inboxId`, `to`, `cc`, `bcc`, `subject`, `text`, `html`, ...; no key), `reply_to_message`,
   `forward_message` and `send_draft` answer `{messageId, threadId}`; `get_message` (`inboxId`, `messageId`)

@@ -5,7 +5,7 @@ first match wins: unreachable, refused login, no database, locked, read-only, ou
 Messages name the server as `urls.parse_url` shows it (`describe`: scheme, host, port, database), and
 the password is masked in every spelling where the driver's words repeat it whole (never inside a word,
 never in our own words); a driver message that repeated it is not chained.
-tests/test_ledger_postgres.py walks every class asyncpg defines to prove nothing escapes.
+tests/ledger/test_ledger_postgres.py walks every class asyncpg defines to prove nothing escapes.
 """
 
 from __future__ import annotations
