@@ -34,6 +34,7 @@ from bench.workload import lead_email
 from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import Ledger, open_ledger, sql, sqlite_path
 from hail_guard.ledger.postgres import begin_arguments
+from hail_guard.ledger.postgres_group import bound
 from hail_guard.models import Intent
 from hail_guard.same_send import Rules
 
@@ -311,8 +312,7 @@ def sqlite_plans(url: str) -> list[dict[str, Any]]:
     try:
         plans = []
         for query, statement in _SQLITE_QUERIES.items():
-            count = max((int(n) for n in re.findall(r"\?(\d+)", statement)), default=0)
-            rows = db.execute(f"EXPLAIN QUERY PLAN {statement}", [None] * count).fetchall()
+            rows = db.execute(f"EXPLAIN QUERY PLAN {statement.text}", [None] * len(statement.names)).fetchall()
             lines = [f"{'  ' * _depth(rows, row)}{row[3]}" for row in rows]
             plans.append(
                 {"query": query, "plan": lines, "uses_index": not any(_FULL_SCAN_SQLITE.search(x) for x in lines)}
@@ -333,17 +333,22 @@ def _depth(rows: list[tuple[int, int, int, str]], row: tuple[int, int, int, str]
 async def postgres_plans(url: str) -> list[dict[str, Any]]:
     import asyncpg
 
-    queries: dict[str, tuple[str, tuple[Any, ...]]] = {
-        "claim_ready": (_PG["claim_ready_in_batch"], ("bench", LEASE_SECONDS, 1, "bench", True, WORK_BATCH)),
-        "claim_unknown": (_PG["claim_unknown_due"], ("bench", LEASE_SECONDS, None, 1)),
-        "find_by_key": (_PG["operation_by_key"], ("hist:lead1:email:intro",)),
-        "expire leases": (_PG["expire_leases"], ("bench",)),
+    claim = {"owner": "bench", "lease_seconds": LEASE_SECONDS, "limit": 1}
+    queries: dict[str, tuple[str, dict[str, Any]]] = {
+        "claim_ready": (
+            "claim_ready_in_batch",
+            {**claim, "expired_reason": "bench", "hold_lead": True, "batch_id": WORK_BATCH},
+        ),
+        "claim_unknown": ("claim_unknown_due", {**claim, "batch_id": None}),
+        "find_by_key": ("operation_by_key", {"idempotency_key": "hist:lead1:email:intro"}),
+        "expire leases": ("expire_leases", {"expired_reason": "bench"}),
     }
     db = await asyncpg.connect(url)
     try:
         plans = []
-        for query, (sql, args) in queries.items():
-            lines = [row[0] for row in await db.fetch(f"EXPLAIN {sql}", *args)]
+        for query, (name, given) in queries.items():
+            statement = _PG[name]
+            lines = [row[0] for row in await db.fetch(f"EXPLAIN {statement.text}", *statement.values(given))]
             plans.append({"query": query, "plan": lines, "uses_index": not any(_FULL_SCAN_PG.search(x) for x in lines)})
         plans.extend(await _begin_send_plans(db))
         return plans
@@ -364,7 +369,7 @@ async def _begin_send_plans(db: Any) -> list[dict[str, Any]]:
     transaction = db.transaction()
     await transaction.start()
     try:
-        await db.fetchrow(_PG["begin_send"], *begin_arguments(intent, "bench", LEASE_SECONDS, RULES, None))
+        await db.fetchrow(*bound("begin_send", **begin_arguments(intent, "bench", LEASE_SECONDS, RULES, None)))
     finally:
         await transaction.rollback()
     plans = []

@@ -3,10 +3,11 @@
 `LedgerCore` is the half of the `Ledger` protocol that is the same on SQLite and PostgreSQL: reads,
 opt-outs, batches' approval and status, delivery and webhooks (one that comes before its message's id
 is kept until the id is recorded: `apply_parked`), the review queue, pruning and tool pins. Each runs
-as one `Tx` of the backend (`_read`, `_write`), calling statements by name
-(`hail_guard.ledger.sql`): a statement of one name takes the same parameters on both dialects, and
-rows come back as mappings that `operation_of` and pydantic read alike (SQLite's epoch floats are
-UTC datetimes to pydantic, its JSON is text as PostgreSQL's is). A backend adds the send path
+as one `Tx` of the backend (`_read`, `_write`), calling statements by name with their parameters
+by name (`hail_guard.ledger.sql`: `await tx.rows("list_operations", state=..., campaign_id=..., ...)`):
+a statement of one name takes the same parameters on both dialects (`params` builds the long ones), and
+rows come back as mappings that `operation_of` and pydantic read alike (SQLite's epoch floats are UTC
+datetimes to pydantic, its JSON is text as PostgreSQL's is). A backend adds the send path
 (`begin_send`, claims, outcomes, lease expiry, batch planning), where the dialects really differ; where
 the protocol's signature is long, the core keeps it and calls the backend's step (`_claim_unknown`,
 `_plan_batch`), so the two backends repeat no line of Python. What operators read (the console's
@@ -22,8 +23,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
-from hail_guard import delivery, lifecycle, policy, recipients, same_send
+from hail_guard import delivery, lifecycle, policy, recipients
 from hail_guard.errors import BadInput, NotFound
+from hail_guard.ledger.params import Params, hold_args, intent_values, match_args
 from hail_guard.models import (
     BatchStatus,
     DeliveryEvent,
@@ -32,7 +34,6 @@ from hail_guard.models import (
     HeldSend,
     Intent,
     Operation,
-    Outcome,
     PruneReport,
     State,
     Suppression,
@@ -51,21 +52,23 @@ PARKED_WEBHOOKS_MAX = 10_000
 """Webhooks kept at once for a message id no operation has yet; past it one is recorded for audit only."""
 PARKED_WEBHOOK_SECONDS = policy.WEBHOOK_DEDUPE_SECONDS
 """How long such a webhook is kept to apply: as long as its delivery id is remembered (Hail retries for a day)."""
-Writes = list[tuple[str, list[tuple[Any, ...]]]]
-"""(statement, the rows of its parameters) to run in order: the same on both dialects."""
+Writes = list[tuple[str, list[Params]]]
+"""(statement, the parameters of each run) to run in order: the same on both dialects."""
 
 
 class Tx(Protocol):
-    """Statements by name, in one transaction of a backend (or outside one, for reads)."""
+    """Statements by name, their parameters by name, in one transaction of a backend (or outside one, for reads).
 
-    async def rows(self, name: str, *args: Any) -> list[Row]: ...
+    A parameter the statement does not use, or one it uses that is not given, is a `TypeError` (`sql.Statement`)."""
 
-    async def row(self, name: str, *args: Any) -> Row | None: ...
+    async def rows(self, name: str, /, **params: Any) -> list[Row]: ...
 
-    async def run(self, name: str, *args: Any) -> int:
+    async def row(self, name: str, /, **params: Any) -> Row | None: ...
+
+    async def run(self, name: str, /, **params: Any) -> int:
         """Run a statement; returns how many rows it changed."""
 
-    async def run_many(self, name: str, args: Sequence[Sequence[Any]]) -> None: ...
+    async def run_many(self, name: str, params: Sequence[Params], /) -> None: ...
 
 
 Work = Callable[Concatenate[Tx, _P], Awaitable[_T]]
@@ -90,77 +93,6 @@ def epoch(moment: datetime | None) -> float | None:
     return moment.timestamp() if moment is not None else None
 
 
-def intent_values(intent: Intent) -> tuple[Any, ...]:
-    """An intent as the parameters 2 to 15 of `insert_operation` (and of each backend's first step)."""
-    return (
-        intent.idempotency_key,
-        intent.tool,
-        intent.channel,
-        json.dumps(list(intent.recipients)),
-        json.dumps(same_send.keys_of_intent(intent)),
-        intent.request,
-        intent.request_fingerprint,
-        intent.content_fingerprint,
-        intent.sender,
-        intent.campaign_id,
-        intent.lead_id,
-        intent.message_id,
-        intent.batch_id,
-        intent.lead,
-    )
-
-
-def outcome_values(outcome: Outcome) -> tuple[Any, ...]:
-    """An outcome as the first parameters of each backend's `record_outcome` (1 to 8)."""
-    return (
-        outcome.state.value,
-        outcome.provider_id,
-        json.dumps(outcome.result) if outcome.result is not None else None,
-        outcome.error,
-        outcome.review_reason,
-        0 if outcome.attempted else 1,
-        outcome.not_before_seconds,
-        outcome.check_after_seconds,
-    )
-
-
-def match_args(intent: Intent, rules: same_send.Rules) -> tuple[Any, ...]:
-    """The parameters of `matches`: the same message to a shared recipient, in a state that blocks `intent`
-    being recorded (`same_send.Rules.match_states`)."""
-    always, windowed, closed_block = rules.match_states(allow_duplicate=intent.allow_duplicate)
-    return (
-        intent.content_fingerprint,
-        json.dumps(same_send.keys_of_intent(intent)),
-        intent.idempotency_key,
-        intent.tool,
-        json.dumps(always),
-        json.dumps(windowed),
-        closed_block,
-        rules.window_seconds,
-        intent.sender,
-    )
-
-
-def hold_args(intent: Intent, rules: same_send.Rules) -> tuple[Any, ...]:
-    """The parameters of `holds`: unresolved sends to a shared recipient on the channel, or to the same lead."""
-    lead = intent.lead if rules.hold_lead else None
-    return (json.dumps(same_send.keys_of_intent(intent)), intent.channel, lead)
-
-
-def near_args(intent: Intent, rules: same_send.Rules) -> tuple[Any, ...]:
-    """The parameters of `near`: other messages a shared recipient has on the channel, to compare by similarity."""
-    keys = json.dumps(same_send.keys_of_intent(intent))
-    return (keys, intent.channel, intent.content_fingerprint, rules.window_seconds, intent.idempotency_key)
-
-
-def delivery_check_args(
-    channels: Sequence[str], max_age_seconds: float, hold_seconds: float, limit: int
-) -> tuple[Any, ...]:
-    """The parameters of `claim_delivery_checks`."""
-    settled = json.dumps(sorted(state.value for state in delivery.SETTLED))
-    return (hold_seconds, json.dumps(list(channels)), settled, max_age_seconds, limit)
-
-
 def opt_out_probes(reached: Sequence[str], channel: str) -> list[str]:
     """The opt-out keys a send to `reached` is checked against (`recipients.keys_of`)."""
     return recipients.keys_of(reached, channel)
@@ -180,11 +112,11 @@ class LedgerCore(ABC):
     """The operations both backends do alike (see the module docstring)."""
 
     @abstractmethod
-    async def _read(self, work: Work[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    async def _read(self, work: Work[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """`work(tx, ...)` over statements that only read."""
 
     @abstractmethod
-    async def _write(self, work: Work[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    async def _write(self, work: Work[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """`work(tx, ...)` in one write transaction, durable when it returns: rolled back if it raises."""
 
     # The backend's own steps, under the names and keywords of the `Ledger` protocol:
@@ -234,10 +166,10 @@ class LedgerCore(ABC):
         return await self._read(_same_send_candidates, intent, rules)
 
     async def find_by_key(self, idempotency_key: str) -> Operation | None:
-        return await self._read(_one, "operation_by_key", idempotency_key)
+        return await self._read(_one, "operation_by_key", idempotency_key=idempotency_key)
 
     async def oldest(self, state: State) -> Operation | None:
-        return await self._read(_one, "oldest_in_state", state.value)
+        return await self._read(_one, "oldest_in_state", state=state.value)
 
     async def list_operations(
         self,
@@ -250,16 +182,24 @@ class LedgerCore(ABC):
         before: str | None = None,
         limit: int = 100,
     ) -> list[Operation]:
-        wanted = recipients.comparable(recipient) if recipient is not None else None
-        args = (state.value if state else None, campaign_id, batch_id, wanted, epoch(since), before, limit)
-        return await self._read(_many, "list_operations", *args)
+        return await self._read(
+            _many,
+            "list_operations",
+            state=state.value if state else None,
+            campaign_id=campaign_id,
+            batch_id=batch_id,
+            recipient=recipients.comparable(recipient) if recipient is not None else None,
+            since=epoch(since),
+            before=before,
+            limit=limit,
+        )
 
     async def events(self, operation_id: str) -> list[Event]:
-        rows = await self._read(_rows, "events_of", operation_id)
+        rows = await self._read(_rows, "events_of", operation_id=operation_id)
         return [Event.model_validate(dict(row)) for row in rows]
 
     async def delivery_events(self, operation_id: str) -> list[DeliveryEvent]:
-        rows = await self._read(_rows, "delivery_events_of", operation_id)
+        rows = await self._read(_rows, "delivery_events_of", operation_id=operation_id)
         return [DeliveryEvent.model_validate(dict(row)) for row in rows]
 
     async def count_by_state(self) -> dict[State, int]:
@@ -283,14 +223,14 @@ class LedgerCore(ABC):
 
     async def remove_suppression(self, recipient: str, channel: str) -> bool:
         key = recipients.opt_out_key(recipient, channel)
-        return await self._write(_changed, "remove_suppression", key, channel)
+        return await self._write(_changed, "remove_suppression", recipient=key, channel=channel)
 
     async def observe_tools(self, fingerprints: Mapping[str, str]) -> list[ToolPin]:
         return await self._write(_observe_tools, dict(fingerprints))
 
     async def accept_tools(self, names: Sequence[str] | None = None) -> list[str]:
         chosen = json.dumps(list(names)) if names is not None else None
-        return sorted(row["name"] for row in await self._write(_rows, "accept_tools", chosen))
+        return sorted(row["name"] for row in await self._write(_rows, "accept_tools", names=chosen))
 
     async def tool_pins(self) -> list[ToolPin]:
         return [ToolPin.model_validate(dict(row)) for row in await self._read(_rows, "tool_pins")]
@@ -334,56 +274,62 @@ async def _now(tx: Tx) -> datetime:
 
 async def _same_send_candidates(tx: Tx, intent: Intent, rules: Rules) -> Candidates:
     """The same message to a shared recipient, and the unresolved sends that hold the send's recipients."""
-    matches = [operation_of(row) for row in await tx.rows("matches", *match_args(intent, rules))]
-    holds = [operation_of(row) for row in await tx.rows("holds", *hold_args(intent, rules))]
+    matches = [operation_of(row) for row in await tx.rows("matches", **match_args(intent, rules))]
+    holds = [operation_of(row) for row in await tx.rows("holds", **hold_args(intent, rules))]
     return Candidates(matches=matches, holds=holds)
 
 
-async def _rows(tx: Tx, name: str, *args: Any) -> list[Row]:
-    return await tx.rows(name, *args)
+async def _rows(tx: Tx, name: str, /, **params: Any) -> list[Row]:
+    return await tx.rows(name, **params)
 
 
-async def _changed(tx: Tx, name: str, *args: Any) -> bool:
-    return bool(await tx.rows(name, *args))
+async def _changed(tx: Tx, name: str, /, **params: Any) -> bool:
+    return bool(await tx.rows(name, **params))
 
 
-async def _one(tx: Tx, name: str, *args: Any) -> Operation | None:
-    row = await tx.row(name, *args)
+async def _one(tx: Tx, name: str, /, **params: Any) -> Operation | None:
+    row = await tx.row(name, **params)
     return operation_of(row) if row is not None else None
 
 
-async def _many(tx: Tx, name: str, *args: Any) -> list[Operation]:
-    return [operation_of(row) for row in await tx.rows(name, *args)]
+async def _many(tx: Tx, name: str, /, **params: Any) -> list[Operation]:
+    return [operation_of(row) for row in await tx.rows(name, **params)]
 
 
 async def must(tx: Tx, operation_id: str, *, for_update: bool = False) -> Operation:
     name = "operation_by_id_for_update" if for_update else "operation_by_id"
-    found = await _one(tx, name, operation_id)
+    found = await _one(tx, name, id=operation_id)
     if found is None:
         raise not_found(operation_id)
     return found
 
 
 async def record_event(tx: Tx, operation_id: str, before: State | None, after: State, actor: str, reason: str) -> None:
-    await tx.run("record_event", operation_id, *_legal(before, after), actor, reason)
+    await tx.run("record_event", **event_values(operation_id, before, after, actor, reason))
 
 
-def _legal(before: State | None, after: State) -> tuple[str | None, str]:
-    """The move as an event records it; the table is the rule: a bug here must not reach the history."""
+def event_values(operation_id: str, before: State | None, after: State, actor: str, reason: str) -> Params:
+    """The parameters of `record_event`; the table is the rule: a move it lacks (a bug) must not reach the history."""
     if not lifecycle.is_legal(before, after):
         raise AssertionError(f"{before} -> {after} is not a move of hail_guard.lifecycle")
-    return before.value if before else None, after.value
+    return {
+        "operation_id": operation_id,
+        "from_state": before.value if before else None,
+        "to_state": after.value,
+        "actor": actor,
+        "reason": reason,
+    }
 
 
 async def opted_out(tx: Tx, reached: Sequence[str], channel: str) -> bool:
     """Whether any of these recipients (normalised here as `comparable`) opted out of `channel`, or of all."""
     probes = opt_out_probes(reached, channel)
-    return bool(probes) and await tx.row("opted_out", json.dumps(probes), channel) is not None
+    return bool(probes) and await tx.row("opted_out", keys=json.dumps(probes), channel=channel) is not None
 
 
 async def cancel_opted_out(tx: Tx, actor: str, reason: str, batch_id: str | None = None) -> list[str]:
     """Cancel every unforwarded operation (of `batch_id`, or of all) a recipient of which opted out."""
-    return await cancel_pending(tx, await tx.rows("opted_out_pending", batch_id), actor, reason)
+    return await cancel_pending(tx, await tx.rows("opted_out_pending", batch_id=batch_id), actor, reason)
 
 
 async def cancel_pending(tx: Tx, found: Sequence[Row], actor: str, reason: str) -> list[str]:
@@ -391,9 +337,9 @@ async def cancel_pending(tx: Tx, found: Sequence[Row], actor: str, reason: str) 
     pending = {row["id"]: State(row["state"]) for row in found}
     if not pending:
         return []
-    cancelled = [row["id"] for row in await tx.rows("cancel_operations", json.dumps(list(pending)), reason)]
-    moves = [(operation_id, _legal(pending[operation_id], State.CANCELLED)) for operation_id in cancelled]
-    await tx.run_many("record_event", [(operation_id, *move, actor, reason) for operation_id, move in moves])
+    cancelled = [row["id"] for row in await tx.rows("cancel_operations", ids=json.dumps(list(pending)), reason=reason)]
+    events = [event_values(each, pending[each], State.CANCELLED, actor, reason) for each in cancelled]
+    await tx.run_many("record_event", events)
     return cancelled
 
 
@@ -401,12 +347,18 @@ async def suppress(tx: Tx, suppression: Suppression, actor: str) -> list[str]:
     """Record an opt-out (by its recipient's key, `recipients.opt_out_key`: the edges refuse unreadable recipients, a
     webhook's is kept) and cancel what it stops."""
     key = recipients.opt_out_key(suppression.recipient, suppression.channel)
-    await tx.run("add_suppression", key, suppression.channel, suppression.reason, suppression.source)
+    await tx.run(
+        "add_suppression",
+        recipient=key,
+        channel=suppression.channel,
+        reason=suppression.reason,
+        source=suppression.source,
+    )
     return await cancel_opted_out(tx, actor, policy.suppression_reason(suppression))
 
 
 async def batch_name(tx: Tx, batch_id: str) -> str | None:
-    row = await tx.row("batch_name", batch_id)
+    row = await tx.row("batch_name", batch_id=batch_id)
     if row is None:
         raise NotFound(f"no batch {batch_id}; plan one with `hail-guard batch plan FILE`")
     name: str | None = row["name"]
@@ -415,15 +367,15 @@ async def batch_name(tx: Tx, batch_id: str) -> str | None:
 
 async def _batch_status(tx: Tx, batch_id: str, hold_lead: bool) -> BatchStatus:
     name = await batch_name(tx, batch_id)
-    counts = {State(row["state"]): int(row["count"]) for row in await tx.rows("batch_counts", batch_id)}
-    unresolved = await _many(tx, "batch_unresolved", batch_id)
+    counts = {State(row["state"]): int(row["count"]) for row in await tx.rows("batch_counts", batch_id=batch_id)}
+    unresolved = await _many(tx, "batch_unresolved", batch_id=batch_id)
     held = await _held(tx, batch_id, hold_lead) if counts.get(State.READY) else []
     return BatchStatus(batch_id=batch_id, name=name, counts=counts, unresolved=unresolved, held=held)
 
 
 async def _held(tx: Tx, batch_id: str, hold_lead: bool) -> list[HeldSend]:
     """The batch's ready sends that wait, each with the unresolved send that holds it."""
-    rows = await tx.rows("batch_held", batch_id, hold_lead)
+    rows = await tx.rows("batch_held", batch_id=batch_id, hold_lead=hold_lead)
     holders = {holder: await must(tx, holder) for holder in dict.fromkeys(row["held_by"] for row in rows)}
     waiting: dict[str, HeldSend] = {}
     for row in rows:
@@ -434,14 +386,15 @@ async def _held(tx: Tx, batch_id: str, hold_lead: bool) -> list[HeldSend]:
 
 async def _approve_batch(tx: Tx, batch_id: str, actor: str) -> int:
     await batch_name(tx, batch_id)
-    approved = await tx.rows("approve_batch", batch_id)
+    approved = await tx.rows("approve_batch", batch_id=batch_id)
     for row in approved:
         await record_event(tx, row["id"], State.PLANNED, State.READY, actor, "batch approved")
     return len(approved)
 
 
 async def _observe_tools(tx: Tx, fingerprints: dict[str, str]) -> list[ToolPin]:
-    await tx.run_many("observe_tool", sorted(fingerprints.items()))  # one order: no deadlock between processes
+    observed = [{"name": name, "fingerprint": fingerprints[name]} for name in sorted(fingerprints)]
+    await tx.run_many("observe_tool", observed)  # one order: no deadlock between processes
     return [ToolPin.model_validate(dict(row)) for row in await tx.rows("tool_pins")]
 
 
@@ -450,13 +403,23 @@ def delivery_writes(
 ) -> Writes:
     """Each state once as an event; the current state only forward (`delivery.settle`); `state` untouched.
     The caller holds the operation's row (`for_update`), so a poll and a webhook settle one after the other."""
-    events = [(operation.id, o.state.value, epoch(o.occurred_at), o.source, o.detail) for o in observations]
+    events = [
+        {
+            "operation_id": operation.id,
+            "state": seen.state.value,
+            "occurred_at": epoch(seen.occurred_at),
+            "source": seen.source,
+            "detail": seen.detail,
+        }
+        for seen in observations
+    ]
     writes: Writes = [("record_delivery_event", events)]
     moved = delivery.settle(operation.delivery_state, observations)
     if moved is not None:
-        writes.append(("set_delivery_state", [(moved.state.value, epoch(moved.occurred_at), operation.id)]))
+        state = {"delivery_state": moved.state.value, "delivery_at": epoch(moved.occurred_at), "id": operation.id}
+        writes.append(("set_delivery_state", [state]))
     if next_check_seconds is not None:
-        writes.append(("count_delivery_check", [(next_check_seconds, operation.id)]))
+        writes.append(("count_delivery_check", [{"next_check_seconds": next_check_seconds, "id": operation.id}]))
     return writes
 
 
@@ -471,8 +434,13 @@ def parked_writes(operation: Operation, parked: Sequence[Row]) -> Writes:
         )
         for row in parked
     ]
-    settled = [(WebhookOutcome.APPLIED.value, operation.id, row["delivery_id"]) for row in parked]
+    settled = [settle_values(WebhookOutcome.APPLIED, operation.id, row["delivery_id"]) for row in parked]
     return [*delivery_writes(operation, seen, None), ("settle_webhook", settled)]
+
+
+def settle_values(outcome: WebhookOutcome, operation_id: str | None, delivery_id: str) -> Params:
+    """The parameters of `settle_webhook`."""
+    return {"outcome": outcome.value, "operation_id": operation_id, "delivery_id": delivery_id}
 
 
 async def run_writes(tx: Tx, writes: Writes) -> None:
@@ -485,7 +453,7 @@ async def apply_parked(tx: Tx, operation: Operation) -> bool:
     holds its row, and took `lock_provider` first: a webhook for that id arriving meanwhile waits, then finds it."""
     if operation.provider_id is None:
         return False
-    parked = await tx.rows("parked_webhooks", operation.provider_id, PARKED_WEBHOOK_SECONDS)
+    parked = await tx.rows("parked_webhooks", provider_id=operation.provider_id, within_seconds=PARKED_WEBHOOK_SECONDS)
     if parked:
         await run_writes(tx, parked_writes(operation, parked))
     return bool(parked)
@@ -501,17 +469,24 @@ async def _record_delivery(
 
 async def _record_webhook(tx: Tx, webhook: Webhook) -> WebhookOutcome:
     """A seen signature is a replay; a delivery id counts once (a concurrent twin waits, then does nothing)."""
-    if await tx.row("signature_seen", webhook.signature) is not None:
+    if await tx.row("signature_seen", signature=webhook.signature) is not None:
         return WebhookOutcome.REPLAYED
     seen = webhook.observation
-    fields = (webhook.delivery_id, webhook.signature, webhook.event_type, webhook.provider_id, webhook.payload) + (
-        (seen.state.value, epoch(seen.occurred_at)) if seen is not None else (None, None)
+    claimed = await tx.row(
+        "claim_webhook",
+        delivery_id=webhook.delivery_id,
+        signature=webhook.signature,
+        event_type=webhook.event_type,
+        provider_id=webhook.provider_id,
+        payload=webhook.payload,
+        delivery_state=seen.state.value if seen is not None else None,
+        occurred_at=epoch(seen.occurred_at) if seen is not None else None,
     )
-    if await tx.row("claim_webhook", *fields) is None:
-        replayed = await tx.row("signature_seen", webhook.signature) is not None
+    if claimed is None:
+        replayed = await tx.row("signature_seen", signature=webhook.signature) is not None
         return WebhookOutcome.REPLAYED if replayed else WebhookOutcome.DUPLICATE
     outcome, operation_id = await _apply_webhook(tx, webhook)
-    await tx.run("settle_webhook", outcome.value, operation_id, webhook.delivery_id)
+    await tx.run("settle_webhook", **settle_values(outcome, operation_id, webhook.delivery_id))
     return outcome
 
 
@@ -521,10 +496,11 @@ async def _apply_webhook(tx: Tx, webhook: Webhook) -> tuple[WebhookOutcome, str 
         return WebhookOutcome.OPTED_OUT, None
     if webhook.observation is None or webhook.provider_id is None:
         return WebhookOutcome.IGNORED, None
-    await tx.run("lock_provider", webhook.provider_id)  # then whoever records this id sees it kept, or we see the id
-    operation = await _one(tx, "operation_by_provider_for_update", webhook.provider_id)
+    # then whoever records this id sees it kept, or we see the id:
+    await tx.run("lock_provider", provider_id=webhook.provider_id)
+    operation = await _one(tx, "operation_by_provider_for_update", provider_id=webhook.provider_id)
     if operation is None:  # its send's answer may be lost: kept (bounded) until reconcile or a human records the id
-        kept = await tx.row("parked_count", PARKED_WEBHOOK_SECONDS)
+        kept = await tx.row("parked_count", within_seconds=PARKED_WEBHOOK_SECONDS)
         full = kept is not None and int(kept["count"]) >= PARKED_WEBHOOKS_MAX
         return (WebhookOutcome.UNKNOWN_OPERATION if full else WebhookOutcome.PARKED), None
     await run_writes(tx, delivery_writes(operation, [webhook.observation], None))
@@ -536,14 +512,23 @@ async def _resolve_review(
 ) -> Operation:
     why = policy.review_decision_text(state, reason, provider_id)
     if provider_id is not None:
-        await tx.run("lock_provider", provider_id)  # before the row, as a webhook takes them (`_apply_webhook`)
+        # before the row, as a webhook takes them (`_apply_webhook`)
+        await tx.run("lock_provider", provider_id=provider_id)
     before = await must(tx, operation_id, for_update=True)
     if before.state not in lifecycle.REVIEWABLE:
         raise policy.not_in_review(before, "resolved")
     cancel_reason = why if state is State.CANCELLED else None
     last_error = why if state is State.FAILED else None
     may_have_left = state is not State.ACCEPTED  # closed by an operator: it may have been sent
-    await tx.run("resolve_review", state.value, provider_id, cancel_reason, last_error, operation_id, may_have_left)
+    await tx.run(
+        "resolve_review",
+        state=state.value,
+        provider_id=provider_id,
+        cancel_reason=cancel_reason,
+        last_error=last_error,
+        id=operation_id,
+        may_have_left=may_have_left,
+    )
     await record_event(tx, operation_id, before.state, state, actor, why)
     if provider_id is not None:
         await apply_parked(tx, await must(tx, operation_id))
@@ -556,28 +541,28 @@ async def _resend(tx: Tx, operation_id: str, intent: Intent, reason: str, actor:
         raise policy.not_in_review(old, "resent")
     if await opted_out(tx, intent.recipients, intent.channel):
         raise policy.suppressed_refusal(intent.recipients, intent.channel)
-    taken = await _one(tx, "operation_by_key", intent.idempotency_key)
+    taken = await _one(tx, "operation_by_key", idempotency_key=intent.idempotency_key)
     if taken is not None:
         raise policy.resend_key_taken(intent.idempotency_key, taken)
     new_id = str(uuid.uuid4())
     texts = policy.resend_texts(old.id, new_id, reason)
-    await tx.run("insert_operation", new_id, *intent_values(intent), State.READY.value)
-    await tx.run("insert_operation_recipients", new_id)
-    await tx.run("link_resend", new_id, old.id)
+    await tx.run("insert_operation", id=new_id, **intent_values(intent), state=State.READY.value)
+    await tx.run("insert_operation_recipients", id=new_id)
+    await tx.run("link_resend", id=new_id, resend_of=old.id)
     await record_event(tx, new_id, None, State.READY, actor, texts.new_event)
-    await tx.run("supersede", texts.cancel_reason, new_id, old.id)
+    await tx.run("supersede", cancel_reason=texts.cancel_reason, resent_as=new_id, id=old.id)
     await record_event(tx, old.id, old.state, State.CANCELLED, actor, texts.old_event)
     return await must(tx, new_id)
 
 
 async def _prune(tx: Tx, older_than_seconds: float) -> PruneReport:
-    row = await tx.row("prune_cutoff", older_than_seconds)
+    row = await tx.row("prune_cutoff", older_than_seconds=older_than_seconds)
     assert row is not None
     cutoff = next(iter(row.values()))
-    events = await tx.run("prune_events", cutoff)
-    await tx.run("prune_delivery_events", cutoff)
-    await tx.run("prune_recipients", cutoff)
-    operations = await tx.run("prune_operations", cutoff)
+    events = await tx.run("prune_events", cutoff=cutoff)
+    await tx.run("prune_delivery_events", cutoff=cutoff)
+    await tx.run("prune_recipients", cutoff=cutoff)
+    operations = await tx.run("prune_operations", cutoff=cutoff)
     await tx.run("prune_send_counts")
-    hooks = await tx.run("prune_webhooks", max(older_than_seconds, policy.WEBHOOK_DEDUPE_SECONDS))
+    hooks = await tx.run("prune_webhooks", older_than_seconds=max(older_than_seconds, policy.WEBHOOK_DEDUPE_SECONDS))
     return PruneReport(operations=operations, events=events, webhook_deliveries=hooks)

@@ -12,25 +12,47 @@ import itertools
 import json
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 from hail_guard import policy
 from hail_guard.errors import RefusedByPolicy
-from hail_guard.ledger.core import Tx, cancel_opted_out, intent_values, match_args, operation_of
+from hail_guard.ledger.core import Tx, cancel_opted_out, operation_of
+from hail_guard.ledger.params import Params, intent_values, match_args
 from hail_guard.models import Intent, State
 from hail_guard.same_send import Candidates, Rules
 
 PLAN_CHUNK = 500
 """Sends staged per round trip while planning a batch (and compared per page)."""
+STAGE_COLUMNS = (
+    "position",
+    "id",
+    "idempotency_key",
+    "tool",
+    "channel",
+    "recipients",
+    "recipient_keys",
+    "request",
+    "request_fingerprint",
+    "content_fingerprint",
+    "sender",
+    "campaign_id",
+    "lead_id",
+    "message_id",
+    "lead",
+    "allow_duplicate",
+)
+"""The planning stage's columns (`hg_plan_stage`), in order."""
 
 
-def stage_rows(chunk: Sequence[Intent], *, first: int) -> list[tuple[Any, ...]]:
-    """Rows of the planning stage (`hg_plan_stage`: position, id, the intent but its batch, allow_duplicate), from
+def stage_rows(chunk: Sequence[Intent], *, first: int) -> list[Params]:
+    """Rows of the planning stage (`STAGE_COLUMNS`: position, id, the intent but its batch, allow_duplicate), from
     `first`."""
     rows = []
     for position, intent in enumerate(chunk, start=first):
         values = intent_values(intent)
-        rows.append((position, str(uuid.uuid4()), *values[:12], values[13], intent.allow_duplicate))
+        del values["batch_id"]
+        rows.append(
+            {"position": position, "id": str(uuid.uuid4()), **values, "allow_duplicate": intent.allow_duplicate}
+        )
     return rows
 
 
@@ -38,13 +60,13 @@ async def plan_staged(
     tx: Tx, batch_id: str, name: str | None, state: State, actor: str, rules: Rules, staged: int
 ) -> None:
     """The `staged` sends checked against the ledger and copied into it (the caller holds one transaction)."""
-    await tx.run("insert_batch", batch_id, name, actor)
+    await tx.run("insert_batch", batch_id=batch_id, name=name, created_by=actor)
     await _refuse_known_keys(tx)
     await _refuse_repeats(tx, rules)
     await _refuse_near(tx, rules, staged)
-    await tx.run("plan_staged", batch_id, state.value)
+    await tx.run("plan_staged", batch_id=batch_id, state=state.value)
     await tx.run("plan_staged_recipients")
-    await tx.run("plan_staged_events", state.value, actor, f"planned in batch {batch_id}")
+    await tx.run("plan_staged_events", state=state.value, actor=actor, reason=f"planned in batch {batch_id}")
     await cancel_opted_out(tx, actor, "the recipient opted out before the send", batch_id)
 
 
@@ -62,12 +84,18 @@ async def _refuse_repeats(tx: Tx, rules: Rules) -> None:
     recipient's unresolved send holds a planned one when it is claimed, not here)."""
     for allow_duplicate in (False, True):
         always, windowed, closed_block = rules.match_states(allow_duplicate=allow_duplicate)
-        states = (json.dumps(always), json.dumps(windowed), closed_block)
-        found = await tx.row("staged_repeat", rules.window_seconds, allow_duplicate, *states)
+        found = await tx.row(
+            "staged_repeat",
+            window_seconds=rules.window_seconds,
+            allow_duplicate=allow_duplicate,
+            always=json.dumps(always),
+            windowed=json.dumps(windowed),
+            closed_block=closed_block,
+        )
         if found is None:
             continue
         intent = await _staged_intent(tx, found["position"])
-        matches = [operation_of(row) for row in await tx.rows("matches", *match_args(intent, rules))]
+        matches = [operation_of(row) for row in await tx.rows("matches", **match_args(intent, rules))]
         raise policy.already_planned(intent, Candidates(matches=matches), rules, found["position"])
 
 
@@ -78,7 +106,9 @@ async def _refuse_near(tx: Tx, rules: Rules, staged: int) -> None:
     if not rules.compares_near:
         return
     for first in range(1, staged + 1, PLAN_CHUNK):
-        rows = await tx.rows("staged_near", rules.window_seconds, first, first + PLAN_CHUNK - 1)
+        rows = await tx.rows(
+            "staged_near", window_seconds=rules.window_seconds, first=first, last=first + PLAN_CHUNK - 1
+        )
         for position, group in itertools.groupby(rows, key=lambda row: int(row["position"])):
             pairs = list(group)
             intent = await _staged_intent(tx, position)
@@ -92,7 +122,7 @@ def _message(rules: Rules, tool: str, request: str) -> str:
 
 
 async def _staged_intent(tx: Tx, position: int) -> Intent:
-    staged = await tx.row("staged_intent", position)
+    staged = await tx.row("staged_intent", position=position)
     assert staged is not None
     values = dict(staged)
     values["recipients"] = tuple(

@@ -29,29 +29,30 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import operator
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from importlib import resources
-from typing import Any, Final
+from typing import Any
 
 import anyio
 import asyncpg
 import structlog
 
-from hail_guard import policy, recipients, same_send
+from hail_guard import policy, same_send
 from hail_guard.errors import HailGuardError, LedgerError, LedgerUnavailable
-from hail_guard.ledger import backfill, core, planning, reads, sql
+from hail_guard.ledger import backfill, core, params, planning, reads, sql
 from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, Row, Work
+from hail_guard.ledger.params import Params
 from hail_guard.ledger.postgres_errors import describe, errors_mapped
-from hail_guard.ledger.postgres_group import GroupCommit, Job, Tx, record_outcomes
+from hail_guard.ledger.postgres_group import GroupCommit, Job, Tx, bound, record_outcomes
 from hail_guard.ledger.roles import Begin
 from hail_guard.models import Intent, Operation, Outcome, State
 from hail_guard.same_send import Candidates, Rules
 
 log = structlog.get_logger(__name__)
 
-_SQL: Final = sql.statements("postgres")
 MIGRATION_LOCK = 0x4861696C47756172
 """Advisory lock key ("HailGuar") held while migrating, so processes starting at once take turns."""
 _COMPARE_ROUNDS = 3
@@ -64,24 +65,8 @@ RELEASE_SECONDS = 10.0
 """Longest a connection's reset may take when it goes back to the pool; past it the pool drops it."""
 _FUNCTIONS = ("begin_send", "claims", "outcomes")
 """Server-side functions, each in sql/postgres/<name>.sql, (re)created by `migrate` when their text changes."""
-_STAGE_COLUMNS = (
-    "position",
-    "id",
-    "idempotency_key",
-    "tool",
-    "channel",
-    "recipients",
-    "recipient_keys",
-    "request",
-    "request_fingerprint",
-    "content_fingerprint",
-    "sender",
-    "campaign_id",
-    "lead_id",
-    "message_id",
-    "lead",
-    "allow_duplicate",
-)
+_STAGED = operator.itemgetter(*planning.STAGE_COLUMNS)
+"""A staged send's row (`planning.stage_rows`) as COPY takes it: its values in the stage's column order."""
 
 
 class PostgresLedger(reads.OperatorReads):
@@ -91,12 +76,12 @@ class PostgresLedger(reads.OperatorReads):
         self._secrets = secrets
         self._group = GroupCommit(pool)
 
-    async def _read(self, work: Work[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def _read(self, work: Work[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         with errors_mapped(self._where, self._secrets):
             async with self._pool.acquire() as db:
                 return await work(Tx(db), *args, **kwargs)
 
-    async def _write(self, work: Work[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def _write(self, work: Work[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         async with self._transaction() as db:
             return await work(Tx(db), *args, **kwargs)
 
@@ -109,7 +94,7 @@ class PostgresLedger(reads.OperatorReads):
         async with self._alone() as db:
             for _ in range(_COMPARE_ROUNDS):
                 rows = await db.fetch(
-                    _SQL["begin_send"], *begin_arguments(intent, owner, lease_seconds, rules, compared)
+                    *bound("begin_send", **begin_arguments(intent, owner, lease_seconds, rules, compared))
                 )
                 verdict = rows[0]["verdict"]
                 if verdict == "claimed":
@@ -120,7 +105,8 @@ class PostgresLedger(reads.OperatorReads):
                     continue
                 if found is None or found.state is not State.READY or not same_send.repeats(found, intent):
                     return Begin(found or core.operation_of(rows[0]), claimed=False)
-                claimed = await db.fetchrow(_SQL["claim_ready_by_id"], owner, lease_seconds, found.id, rules.hold_lead)
+                again = {"owner": owner, "lease_seconds": lease_seconds, "id": found.id, "hold_lead": rules.hold_lead}
+                claimed = await db.fetchrow(*bound("claim_ready_by_id", **again))
                 return Begin(core.operation_of(claimed), claimed=True) if claimed else Begin(found, claimed=False)
         raise LedgerUnavailable(
             f"the messages of {', '.join(intent.recipients)} kept changing while a send to them was compared; retry"
@@ -128,7 +114,14 @@ class PostgresLedger(reads.OperatorReads):
 
     async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
         taken = policy.provider_id_taken(outcome, "{holder}").reason  # the SQL names the holder
-        arguments = (*core.outcome_values(outcome), operation_id, owner, actor, outcome.reason, taken)
+        arguments = {
+            **params.outcome_values(outcome),
+            "id": operation_id,
+            "owner": owner,
+            "actor": actor,
+            "reason": outcome.reason,
+            "taken": taken,
+        }
 
         async def alone() -> Operation:
             return await self._record_alone(arguments)
@@ -137,7 +130,7 @@ class PostgresLedger(reads.OperatorReads):
             recorded: Operation = await self._group.run(Job(alone, outcome=arguments))
         return recorded
 
-    async def _record_alone(self, arguments: tuple[Any, ...]) -> Operation:
+    async def _record_alone(self, arguments: Params) -> Operation:
         """One round trip; where webhooks are kept for its message id, a transaction that applies them too."""
         async with self._alone() as db:
             answered = await record_outcomes(db, [arguments], refuse_parked=True)
@@ -152,12 +145,14 @@ class PostgresLedger(reads.OperatorReads):
     async def _claim_unknown(
         self, owner: str, lease_seconds: float, operation_id: str | None, batch_id: str | None, limit: int
     ) -> list[Operation]:
+        lease = {"owner": owner, "lease_seconds": lease_seconds, "batch_id": batch_id}
         async with self._alone() as db:
-            await db.fetchval(_SQL["expire_leases"], LEASE_EXPIRED)  # first: what it turns `unknown` is claimed next
+            # first: what it turns `unknown` is claimed next
+            await db.fetchval(*bound("expire_leases", expired_reason=LEASE_EXPIRED))
             if operation_id is not None:  # an operator asked for this one: wait for a lock rather than skip it
-                rows = await db.fetch(_SQL["claim_unknown_by_id"], owner, lease_seconds, batch_id, operation_id)
+                rows = await db.fetch(*bound("claim_unknown_by_id", **lease, id=operation_id))
             else:
-                rows = await db.fetch(_SQL["claim_unknown_due"], owner, lease_seconds, batch_id, limit)
+                rows = await db.fetch(*bound("claim_unknown_due", **lease, limit=limit))
         return [core.operation_of(row) for row in rows]
 
     async def claim_ready(
@@ -174,26 +169,27 @@ class PostgresLedger(reads.OperatorReads):
     async def _claim_alone(
         self, owner: str, lease_seconds: float, batch_id: str | None, limit: int, hold_lead: bool
     ) -> list[Operation]:
+        claim = {"owner": owner, "lease_seconds": lease_seconds, "limit": limit, "hold_lead": hold_lead}
         async with self._alone() as db:
             if batch_id is None:
-                rows = await db.fetch(_SQL["claim_ready_any"], owner, lease_seconds, limit, LEASE_EXPIRED, hold_lead)
+                rows = await db.fetch(*bound("claim_ready_any", **claim, expired_reason=LEASE_EXPIRED))
             else:
                 rows = await db.fetch(
-                    _SQL["claim_ready_in_batch"], owner, lease_seconds, limit, LEASE_EXPIRED, hold_lead, batch_id
+                    *bound("claim_ready_in_batch", **claim, expired_reason=LEASE_EXPIRED, batch_id=batch_id)
                 )
         return [core.operation_of(row) for row in rows]
 
     async def expire_leases(self) -> int:
         async with self._alone() as db:
-            expired: int = await db.fetchval(_SQL["expire_leases"], LEASE_EXPIRED)
+            expired: int = await db.fetchval(*bound("expire_leases", expired_reason=LEASE_EXPIRED))
         return expired
 
     async def claim_delivery_checks(
         self, *, channels: Sequence[str], max_age_seconds: float, hold_seconds: float, limit: int = 50
     ) -> list[Operation]:
-        arguments = core.delivery_check_args(channels, max_age_seconds, hold_seconds, limit)
+        wanted = params.delivery_check_args(channels, max_age_seconds, hold_seconds, limit)
         async with self._alone() as db:
-            rows = await db.fetch(_SQL["claim_delivery_checks"], *arguments)
+            rows = await db.fetch(*bound("claim_delivery_checks", **wanted))
         return [core.operation_of(row) for row in rows]
 
     async def _plan_batch(
@@ -208,12 +204,12 @@ class PostgresLedger(reads.OperatorReads):
                 await tx.run("create_stage")
                 staged, subjects = 0, set[str]()
                 for chunk in _chunks(intents, planning.PLAN_CHUNK):
-                    records = planning.stage_rows(chunk, first=staged + 1)
-                    await db.copy_records_to_table("hg_plan_stage", records=records, columns=_STAGE_COLUMNS)
+                    records = map(_STAGED, planning.stage_rows(chunk, first=staged + 1))
+                    await db.copy_records_to_table("hg_plan_stage", records=records, columns=planning.STAGE_COLUMNS)
                     subjects.update(key for intent in chunk for key in same_send.keys_of_intent(intent))
                     staged += len(chunk)
                 if subjects:  # sends to these recipients wait for this plan: its checks see them, theirs see it
-                    await tx.run("lock_recipients", sorted(subjects))
+                    await tx.run("lock_recipients", subjects=sorted(subjects))
                 await planning.plan_staged(tx, batch_id, name, state, actor, rules, staged)
         except _IntentsRaised as raised:
             raise raised.error from raised.error.__cause__  # the caller's own error, not the ledger's
@@ -279,24 +275,24 @@ class PostgresLedger(reads.OperatorReads):
 
 def begin_arguments(
     intent: Intent, owner: str, lease_seconds: float, rules: Rules, compared: list[str] | None
-) -> tuple[Any, ...]:
-    """The parameters of `begin_send` (hg_begin_send's, in order)."""
+) -> Params:
+    """The parameters of `begin_send` (hg_begin_send's)."""
     always, windowed, closed_block = rules.match_states(allow_duplicate=intent.allow_duplicate)
-    return (
-        str(uuid.uuid4()),
-        *core.intent_values(intent),
-        owner,
-        lease_seconds,
-        intent.legacy_key,
-        json.dumps(always),
-        json.dumps(windowed),
-        closed_block,
-        rules.window_seconds,
-        rules.hold_lead,
-        rules.compares_near and not intent.allow_duplicate,
-        compared,
-        LEASE_EXPIRED,
-    )
+    return {
+        "id": str(uuid.uuid4()),
+        **params.intent_values(intent),
+        "owner": owner,
+        "lease_seconds": lease_seconds,
+        "legacy_key": intent.legacy_key,
+        "always": json.dumps(always),
+        "windowed": json.dumps(windowed),
+        "closed_block": closed_block,
+        "window_seconds": rules.window_seconds,
+        "hold_lead": rules.hold_lead,
+        "compares_near": rules.compares_near and not intent.allow_duplicate,
+        "compared": compared,
+        "expired_reason": LEASE_EXPIRED,
+    }
 
 
 def _found(intent: Intent, verdict: str, rows: Sequence[Row], rules: Rules) -> Operation | None:
@@ -452,20 +448,20 @@ async def _migrate(db: asyncpg.Connection, where: str) -> int:
         return latest  # nothing to do: no lock, no DDL (a role without CREATE can use a migrated database)
     async with db.transaction():
         await db.execute(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT}'")
-        await db.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+        await db.execute(*bound("lock_migrations", lock=MIGRATION_LOCK))
         await db.execute(CREATE_SCHEMA_TABLE)
         current = sql.check_version(await _version(db), latest, where)
         pending = [(version, script) for version, script in known if version > current]
         for version, script in pending:
             await db.execute(script)
             if version in _BACKFILLS:
-                await _BACKFILLS[version](db)
-            await db.execute(f"INSERT INTO {_SCHEMA_TABLE} (version) VALUES ($1)", version)
+                await _backfill(Tx(db), _BACKFILLS[version])
+            await db.execute(*bound("record_version", version=version))
         applied = await _applied(db)
         for (checksum, script), name in ((functions[name], name) for name in _FUNCTIONS):
             if (name, checksum) not in applied:
                 await db.execute(script)
-                await db.execute(_RECORD_FUNCTION, name, checksum)
+                await db.execute(*bound("record_function", name=name, checksum=checksum))
     for version, _ in pending:  # committed
         log.info("ledger_migrated", backend="postgres", ledger=where, version=version)
     return latest
@@ -476,12 +472,6 @@ async def _version(db: asyncpg.Connection) -> int:
         return 0
     version: int = await db.fetchval(f"SELECT COALESCE(max(version), 0) FROM {_SCHEMA_TABLE}")
     return version
-
-
-_RECORD_FUNCTION = """
-    INSERT INTO hail_guard_functions (name, checksum) VALUES ($1, $2)
-    ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum
-"""
 
 
 def function_texts() -> dict[str, tuple[str, str]]:
@@ -498,68 +488,18 @@ async def _applied(db: asyncpg.Connection) -> set[tuple[str, str]]:
     return {(row["name"], row["checksum"]) for row in await db.fetch("SELECT name, checksum FROM hail_guard_functions")}
 
 
-async def _backfill_recipients(db: asyncpg.Connection) -> None:
-    """Version 8: recipients, opt-out keys, message fingerprints and senders recomputed (`backfill`)."""
-    rows = await db.fetch("SELECT id, tool, channel, request FROM operations ORDER BY seq")
-    for page in backfill.pages(iter(rows)):
-        found = [(row["id"], backfill.facts(row["tool"], row["channel"], row["request"])) for row in page]
-        await db.executemany(
-            "UPDATE operations SET recipients = $1::jsonb, recipient_keys = $2, content_fingerprint = $3, "
-            "sender = $4::jsonb WHERE id = $5",
-            [
-                (json.dumps(f.recipients), f.recipient_keys, f.content_fingerprint, f.sender, operation_id)
-                for operation_id, f in found
-            ],
-        )
-        await db.executemany(
-            "INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint) VALUES ($1, $2, $3)",
-            [(operation_id, r, f.content_fingerprint) for operation_id, f in found for r in f.recipients],
-        )
-    for row in await db.fetch("SELECT recipient, channel FROM suppressions ORDER BY created_at"):
-        key = recipients.comparable(row["recipient"], row["channel"])  # of two that now read the same, the earliest
+async def _backfill(tx: Tx, step: backfill.Step) -> None:
+    """A migration's stored values recomputed (`backfill`), then each opt-out stored by its recipient's key now."""
+    for page in backfill.pages(iter(await tx.rows(f"backfill_{step.name}_rows"))):
+        updates, reached = step.recompute(page)
+        await tx.run_many(f"backfill_{step.name}", updates)
+        await tx.run_many("backfill_recipient", reached)
+    for row in await tx.rows("backfill_opt_outs"):
+        key = step.opt_out_key(row["recipient"], row["channel"])
         if key != row["recipient"]:
-            await db.execute(
-                "UPDATE suppressions SET recipient = $1 WHERE recipient = $2 AND channel = $3 "
-                "AND NOT EXISTS (SELECT 1 FROM suppressions WHERE recipient = $1 AND channel = $3)",
-                key,
-                row["recipient"],
-                row["channel"],
-            )
-            await db.execute(
-                "DELETE FROM suppressions WHERE recipient = $1 AND channel = $2", row["recipient"], row["channel"]
-            )
+            await tx.run("backfill_opt_out_key", key=key, recipient=row["recipient"], channel=row["channel"])
+            await tx.run("backfill_drop_opt_out", recipient=row["recipient"], channel=row["channel"])
 
 
-async def _backfill_keys(db: asyncpg.Connection) -> None:
-    """Version 11: recipients renormalised, their keys (mailboxes) and the lead recomputed (`backfill`); each
-    recipient key's row of `operation_recipients` written again; opt-outs stored by key."""
-    rows = await db.fetch("SELECT id, channel, recipients, request, content_fingerprint FROM operations ORDER BY seq")
-    for page in backfill.pages(iter(rows)):
-        found = [
-            (row, backfill.renormalised(row["channel"], json.loads(row["recipients"]), row["request"])) for row in page
-        ]
-        await db.executemany(
-            "UPDATE operations SET recipients = $1::jsonb, recipient_keys = $2, lead = $3 WHERE id = $4",
-            [(json.dumps(f.recipients), f.recipient_keys, f.lead, row["id"]) for row, f in found],
-        )
-        await db.executemany(
-            "INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint) VALUES ($1, $2, $3)",
-            [(row["id"], key, row["content_fingerprint"]) for row, f in found for key in f.recipient_keys],
-        )
-    for row in await db.fetch("SELECT recipient, channel FROM suppressions ORDER BY created_at"):
-        key = backfill.opt_out_key(row["recipient"], row["channel"])  # of two that now read the same, the earliest
-        if key != row["recipient"]:
-            await db.execute(
-                "UPDATE suppressions SET recipient = $1 WHERE recipient = $2 AND channel = $3 "
-                "AND NOT EXISTS (SELECT 1 FROM suppressions WHERE recipient = $1 AND channel = $3)",
-                key,
-                row["recipient"],
-                row["channel"],
-            )
-            await db.execute(
-                "DELETE FROM suppressions WHERE recipient = $1 AND channel = $2", row["recipient"], row["channel"]
-            )
-
-
-_BACKFILLS = {8: _backfill_recipients, 11: _backfill_keys}
+_BACKFILLS = {8: backfill.FACTS, 11: backfill.KEYS}
 """Migrations whose stored values are recomputed in Python right after their SQL, in their transaction."""

@@ -34,6 +34,7 @@ import asyncpg
 from hail_guard.errors import HailGuardError, LeaseLost
 from hail_guard.ledger import core, sql
 from hail_guard.ledger.core import LEASE_EXPIRED, PARKED_WEBHOOK_SECONDS, Row
+from hail_guard.ledger.params import Params
 from hail_guard.models import Operation
 
 _SQL: Final = sql.statements("postgres")
@@ -47,7 +48,7 @@ class Job:
     """One write waiting for its turn: what it does alone, and how it joins a group."""
 
     alone: Callable[[], Awaitable[Any]]
-    outcome: tuple[Any, ...] | None = None
+    outcome: Params | None = None
     """`record_outcome`'s parameters, for an outcome."""
     claim: tuple[Any, ...] | None = None
     """(lease seconds, batch id, hold leads) and the owner, for a claim of one."""
@@ -68,7 +69,7 @@ class Job:
             return (f"owner:{self.claim[3]}",)
         if self.outcome is None:
             return ()
-        provider_id, operation_id = self.outcome[1], self.outcome[8]
+        provider_id, operation_id = self.outcome["provider_id"], self.outcome["id"]
         return (operation_id,) if provider_id is None else (operation_id, f"provider:{provider_id}")
 
 
@@ -173,14 +174,15 @@ PARKED_SQLSTATE = "HG001"
 
 
 async def record_outcomes(
-    db: asyncpg.Connection, outcomes: Sequence[tuple[Any, ...]], *, refuse_parked: bool
+    db: asyncpg.Connection, outcomes: Sequence[Params], *, refuse_parked: bool
 ) -> list[Operation | HailGuardError] | None:
     """Record `record_outcome`'s parameters for each, in one statement (hg_record_outcomes): each one's operation as
     recorded, or its refusal (`NotFound`, `LeaseLost`). Webhooks kept for a message id recorded are applied on `db`,
     in its transaction; with `refuse_parked`, where there are any, nothing is recorded and the answer is None."""
-    columns = [list(column) for column in zip(*outcomes, strict=True)]
+    columns = {name: [outcome[name] for outcome in outcomes] for name in outcomes[0]}  # an array a parameter
+    parked = {"parked_seconds": float(PARKED_WEBHOOK_SECONDS), "refuse_parked": refuse_parked}
     try:
-        rows = await db.fetch(_SQL["record_outcomes"], *columns, float(PARKED_WEBHOOK_SECONDS), refuse_parked)
+        rows = await db.fetch(*bound("record_outcomes", **columns, **parked))
     except asyncpg.PostgresError as exc:
         if refuse_parked and getattr(exc, "sqlstate", None) == PARKED_SQLSTATE:
             return None
@@ -188,7 +190,7 @@ async def record_outcomes(
     found = {row["given_id"]: dict(row) for row in rows}
     answers: list[Operation | HailGuardError] = []
     for outcome in outcomes:
-        operation_id = outcome[8]
+        operation_id = outcome["id"]
         row = found[operation_id]
         try:
             recorded = recorded_operation(row if row["before_state"] is not None else None, operation_id)
@@ -210,7 +212,16 @@ async def _claims(db: asyncpg.Connection, jobs: Sequence[Job]) -> None:
         kinds.setdefault(job.claim[:3], []).append(job)
     for (lease_seconds, batch_id, hold_lead), asking in kinds.items():
         owners = [job.claim[3] for job in asking if job.claim is not None]
-        rows = await db.fetch(_SQL["claim_ready_for"], owners, lease_seconds, LEASE_EXPIRED, batch_id, hold_lead)
+        rows = await db.fetch(
+            *bound(
+                "claim_ready_for",
+                owners=owners,
+                lease_seconds=lease_seconds,
+                expired_reason=LEASE_EXPIRED,
+                batch_id=batch_id,
+                hold_lead=hold_lead,
+            )
+        )
         claimed = {row["lease_owner"]: core.operation_of(dict(row)) for row in rows}
         for job, owner in zip(asking, owners, strict=True):
             job.result = [claimed[owner]] if owner in claimed else []
@@ -228,24 +239,32 @@ def recorded_operation(row: Row | None, operation_id: str) -> Operation:
     return core.operation_of(row)
 
 
+def bound(name: str, /, **params: Any) -> tuple[Any, ...]:
+    """Statement `name` as asyncpg takes it: its `$n` text, then its parameters in `$n`'s order (`sql.Statement`), for
+    `fetch`, `fetchrow`, `fetchval` and `execute` alike: `await db.fetch(*bound("batch_name", batch_id=...))`."""
+    statement = _SQL[name]
+    return (statement.text, *statement.values(params))
+
+
 class Tx:
     """`core.Tx` over one asyncpg connection."""
 
     def __init__(self, db: asyncpg.Connection) -> None:
         self._db = db
 
-    async def rows(self, name: str, *args: Any) -> list[Row]:
-        return [dict(record) for record in await self._db.fetch(_SQL[name], *args)]
+    async def rows(self, name: str, /, **params: Any) -> list[Row]:
+        return [dict(record) for record in await self._db.fetch(*bound(name, **params))]
 
-    async def row(self, name: str, *args: Any) -> Row | None:
-        record = await self._db.fetchrow(_SQL[name], *args)
+    async def row(self, name: str, /, **params: Any) -> Row | None:
+        record = await self._db.fetchrow(*bound(name, **params))
         return dict(record) if record is not None else None
 
-    async def run(self, name: str, *args: Any) -> int:
-        status: str = await self._db.execute(_SQL[name], *args)
+    async def run(self, name: str, /, **params: Any) -> int:
+        status: str = await self._db.execute(*bound(name, **params))
         last = status.rsplit(" ", 1)[-1]
         return int(last) if last.isdigit() else 0
 
-    async def run_many(self, name: str, args: Sequence[Sequence[Any]]) -> None:
-        if args:
-            await self._db.executemany(_SQL[name], args)
+    async def run_many(self, name: str, params: Sequence[Params], /) -> None:
+        if params:
+            statement = _SQL[name]
+            await self._db.executemany(statement.text, [statement.values(each) for each in params])

@@ -25,6 +25,7 @@ from typing import Any
 from hail_guard import policy, recipients
 from hail_guard.errors import BadInput, NotFound
 from hail_guard.ledger.core import LedgerCore, Row, Tx, as_time, batch_name, cancel_pending, epoch, operation_of
+from hail_guard.ledger.params import Params
 from hail_guard.ledger.roles import ConsoleSession, Heartbeat
 from hail_guard.models import BatchSummary, DeliveryState, HourOfSends, Operation, State, Suppression
 
@@ -84,13 +85,13 @@ class OperatorReads(LedgerCore):
     """The ledger core with what operators read (see the module docstring); each backend is one."""
 
     async def list_batches(self, *, after: str | None = None, limit: int = 50) -> list[BatchSummary]:
-        rows = await self._read(_rows, "list_batches", limit, after)
+        rows = await self._read(_rows, "list_batches", limit=limit, after=after)
         return batch_summaries(
             (row["batch_id"], row["name"], as_time(row["created_at"]), row["state"], int(row["count"])) for row in rows
         )
 
     async def sends_by_hour(self, since: datetime) -> list[HourOfSends]:
-        return hours_of_sends(await self._read(_rows, "sends_by_hour", epoch(since)))
+        return hours_of_sends(await self._read(_rows, "sends_by_hour", since=epoch(since)))
 
     async def count_states(self, states: Sequence[State]) -> dict[State, int]:
         return await self._read(_count_states, list(states))
@@ -117,42 +118,62 @@ class OperatorReads(LedgerCore):
         self, *, prefix: str | None = None, after: tuple[str, str] | None = None, limit: int = 100
     ) -> list[Suppression]:
         low, high = key_range(recipients.comparable(prefix)) if prefix is not None else ("", _LAST_CHARACTER)
-        rows = await self._read(_rows, "search_suppressions", low, high, *(after or ("", "")), limit)
+        after_recipient, after_channel = after or ("", "")
+        rows = await self._read(
+            _rows,
+            "search_suppressions",
+            low=low,
+            high=high,
+            after_recipient=after_recipient,
+            after_channel=after_channel,
+            limit=limit,
+        )
         return [Suppression.model_validate(dict(row)) for row in rows]
 
     async def opt_out_cancellations(self, recipient: str, channel: str, *, limit: int = 20) -> list[Operation]:
         key = recipients.opt_out_key(recipient, channel)
         low, high, like = sub_address_pattern(key) or (key, key, key)
         rows = await self._read(
-            _rows, "opt_out_cancelled", key, low, high, like, f"{opt_out_cancel_prefix()}%", channel, limit
+            _rows,
+            "opt_out_cancelled",
+            recipient=key,
+            sub_low=low,
+            sub_high=high,
+            sub_like=like,
+            cancel_like=f"{opt_out_cancel_prefix()}%",
+            channel=channel,
+            limit=limit,
         )
         return [operation_of(row) for row in rows]
 
     async def remember_tool_definitions(self, definitions: Mapping[str, str]) -> None:
-        await self._write(_run_many, "remember_tool_definition", sorted(definitions.items()))
+        remembered = [{"fingerprint": each, "definition": definitions[each]} for each in sorted(definitions)]
+        await self._write(_run_many, "remember_tool_definition", remembered)
 
     async def tool_definitions(self, fingerprints: Sequence[str]) -> dict[str, str]:
-        rows = await self._read(_rows, "tool_definitions", json.dumps(list(fingerprints)))
+        rows = await self._read(_rows, "tool_definitions", fingerprints=json.dumps(list(fingerprints)))
         return {row["fingerprint"]: row["definition"] for row in rows}
 
     async def start_session(self, digest: str, *, name: str, seconds: float) -> None:
-        await self._write(_run_all, [("forget_sessions", ()), ("start_session", (digest, name, seconds))])
+        started = {"digest": digest, "name": name, "seconds": seconds}
+        await self._write(_run_all, [("forget_sessions", {}), ("start_session", started)])
 
     async def find_session(self, digest: str) -> ConsoleSession | None:
-        row = await self._read(_row, "find_session", digest)
+        row = await self._read(_row, "find_session", digest=digest)
         if row is None:
             return None
         return ConsoleSession(row["name"], as_time(row["created_at"]), as_time(row["expires_at"]))
 
     async def end_session(self, digest: str) -> None:
-        await self._write(_run_all, [("end_session", (digest,))])
+        await self._write(_run_all, [("end_session", {"digest": digest})])
 
     async def record_heartbeat(self, beat: Heartbeat) -> None:
-        recorded = ("record_heartbeat", (beat.id, beat.who, beat.role, beat.batch_id))
-        await self._write(_run_all, [("forget_heartbeats", (HEARTBEAT_FORGET_SECONDS,)), recorded])
+        recorded = {"id": beat.id, "who": beat.who, "role": beat.role, "batch_id": beat.batch_id}
+        forgotten = {"silent_seconds": HEARTBEAT_FORGET_SECONDS}
+        await self._write(_run_all, [("forget_heartbeats", forgotten), ("record_heartbeat", recorded)])
 
     async def end_heartbeat(self, beat_id: str) -> None:
-        await self._write(_run_all, [("end_heartbeat", (beat_id,))])
+        await self._write(_run_all, [("end_heartbeat", {"id": beat_id})])
 
     async def heartbeats(self) -> list[Heartbeat]:
         rows = await self._read(_rows, "heartbeats")
@@ -167,21 +188,21 @@ class OperatorReads(LedgerCore):
 # --- work, as functions of a Tx ----------------------------------------------------------------------
 
 
-async def _rows(tx: Tx, name: str, *args: Any) -> list[Row]:
-    return await tx.rows(name, *args)
+async def _rows(tx: Tx, name: str, /, **params: Any) -> list[Row]:
+    return await tx.rows(name, **params)
 
 
-async def _row(tx: Tx, name: str, *args: Any) -> Row | None:
-    return await tx.row(name, *args)
+async def _row(tx: Tx, name: str, /, **params: Any) -> Row | None:
+    return await tx.row(name, **params)
 
 
-async def _run_many(tx: Tx, name: str, args: Sequence[Sequence[Any]]) -> None:
-    await tx.run_many(name, args)
+async def _run_many(tx: Tx, name: str, params: Sequence[Params]) -> None:
+    await tx.run_many(name, params)
 
 
-async def _run_all(tx: Tx, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
-    for name, args in statements:
-        await tx.run(name, *args)
+async def _run_all(tx: Tx, statements: Sequence[tuple[str, Params]]) -> None:
+    for name, params in statements:
+        await tx.run(name, **params)
 
 
 def batch_summaries(rows: Iterable[tuple[str, str | None, datetime, str | None, int]]) -> list[BatchSummary]:
@@ -214,7 +235,7 @@ async def _count_states(tx: Tx, states: list[State]) -> dict[State, int]:
     """One index range per state: the unresolved ones, which hold few, are counted at once."""
     counts = {}
     for state in states:
-        row = await tx.row("count_in_state", state.value)
+        row = await tx.row("count_in_state", state=state.value)
         if row is not None and row["count"]:
             counts[state] = int(row["count"])
     return counts
@@ -225,7 +246,7 @@ async def _search_operations(tx: Tx, search: OperationSearch, after: str | None,
     the rows it yields. Newest first, or by key for a key search; `after` continues after that operation."""
     anchor = _AFTER_NOTHING
     if after is not None:
-        found = await tx.row("search_anchor", after)
+        found = await tx.row("search_anchor", id=after)
         if found is None:
             raise NotFound(f"no operation {after} to continue the search after")
         anchor = (float(found["created_at"]), int(found["position"]), found["idempotency_key"])  # exact: ties page
@@ -238,21 +259,23 @@ async def _search_operations(tx: Tx, search: OperationSearch, after: str | None,
         "state": search.state,
     }
     driver = next((name for name in _SEARCHES if given[name] is not None), "all")
-    args = (
-        low,
-        high,
-        recipients.comparable(search.recipient) if search.recipient is not None else None,
-        search.batch_id,
-        search.campaign_id,
-        search.state.value if search.state is not None else None,
-        epoch(search.since),
-        *anchor,
-        limit,
+    rows = await tx.rows(
+        f"search_by_{driver}" if driver != "all" else "search_all",
+        key_low=low,
+        key_high=high,
+        recipient=recipients.comparable(search.recipient) if search.recipient is not None else None,
+        batch_id=search.batch_id,
+        campaign_id=search.campaign_id,
+        state=search.state.value if search.state is not None else None,
+        since=epoch(search.since),
+        after_created_at=anchor[0],
+        after_position=anchor[1],
+        after_key=anchor[2],
+        limit=limit,
     )
-    name = f"search_by_{driver}" if driver != "all" else "search_all"
-    return [operation_of(row) for row in await tx.rows(name, *args)]
+    return [operation_of(row) for row in rows]
 
 
 async def _cancel_batch(tx: Tx, batch_id: str, reason: str, actor: str) -> list[str]:
     await batch_name(tx, batch_id)  # NotFound for a batch that does not exist
-    return await cancel_pending(tx, await tx.rows("unsent_in_batch", batch_id), actor, reason)
+    return await cancel_pending(tx, await tx.rows("unsent_in_batch", batch_id=batch_id), actor, reason)

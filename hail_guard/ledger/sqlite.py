@@ -28,17 +28,18 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 import aiosqlite
 import anyio
 import anyio.to_thread
 import structlog
 
-from hail_guard import policy, recipients, same_send
+from hail_guard import policy, same_send
 from hail_guard.errors import HailGuardError, LeaseLost, LedgerUnavailable
-from hail_guard.ledger import backfill, core, planning, reads, sql
+from hail_guard.ledger import backfill, core, params, planning, reads, sql
 from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, Row, Tx, Work, must_row
+from hail_guard.ledger.params import Params
 from hail_guard.ledger.roles import Begin
 from hail_guard.ledger.sqlite_file import (
     backup_file,
@@ -48,11 +49,14 @@ from hail_guard.ledger.sqlite_file import (
     refuse_empty,
     refuse_network_filesystem,
 )
-from hail_guard.lifecycle import is_legal
 from hail_guard.models import Intent, Operation, Outcome, State
 from hail_guard.same_send import Candidates, Rules
 
 log = structlog.get_logger(__name__)
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+Grouped = Callable[Concatenate[sqlite3.Connection, _P], _T]
+"""A send-path write: a function of the writing connection, run on its thread."""
 
 _SQL: Final = sql.statements("sqlite")
 CLOSE_SECONDS = 10.0
@@ -77,21 +81,24 @@ class _Tx:
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
 
-    async def rows(self, name: str, *args: Any) -> list[Row]:
-        rows: Iterable[Row] = await self._db.execute_fetchall(_SQL[name], args)  # type: ignore[assignment]
-        return list(rows)
+    async def rows(self, name: str, /, **params: Any) -> list[Row]:
+        statement = _SQL[name]
+        found = await self._db.execute_fetchall(statement.text, statement.values(params))
+        return list(found)  # type: ignore[arg-type]  # dicts: the connection's row factory is `_dict_row`
 
-    async def row(self, name: str, *args: Any) -> Row | None:
-        found = await self.rows(name, *args)
+    async def row(self, name: str, /, **params: Any) -> Row | None:
+        found = await self.rows(name, **params)
         return found[0] if found else None
 
-    async def run(self, name: str, *args: Any) -> int:
-        cursor = await self._db.execute(_SQL[name], args)
+    async def run(self, name: str, /, **params: Any) -> int:
+        statement = _SQL[name]
+        cursor = await self._db.execute(statement.text, statement.values(params))
         return cursor.rowcount
 
-    async def run_many(self, name: str, args: Sequence[Sequence[Any]]) -> None:
-        if args:
-            await self._db.executemany(_SQL[name], args)
+    async def run_many(self, name: str, params: Sequence[Params], /) -> None:
+        if params:
+            statement = _SQL[name]
+            await self._db.executemany(statement.text, [statement.values(each) for each in params])
 
 
 @dataclass(eq=False)
@@ -212,59 +219,52 @@ class SqliteLedger(reads.OperatorReads):
         self._path = path
         self._busy_timeout_seconds = busy
 
-    async def _read(self, work: Work[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def _read(self, work: Work[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         with errors_mapped(self._path):
             async with self._reading:
                 return await work(_Tx(self._reader), *args, **kwargs)
 
-    async def _write(self, work: Work[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def _write(self, work: Work[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         async def alone(tx: _Tx) -> Any:
             return await work(tx, *args, **kwargs)
 
         with errors_mapped(self._path):
             return await self._writer.run(_Job(alone=alone))
 
-    async def _grouped(self, function: Callable[..., Any], *args: Any) -> Any:
+    async def _grouped(self, function: Grouped[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """A send-path write, committed with whatever else arrives meanwhile."""
         with errors_mapped(self._path):
-            return await self._writer.run(_Job(grouped=lambda db: function(db, *args)))
+            result: _T = await self._writer.run(_Job(grouped=lambda db: function(db, *args, **kwargs)))
+            return result
 
     # --- the send path ------------------------------------------------------------------------------
 
     async def begin_send(
         self, intent: Intent, *, owner: str, lease_seconds: float, rules: Rules = DEFAULT_RULES
     ) -> Begin:
-        result: Begin = await self._grouped(_begin_send, intent, owner, lease_seconds, rules)
-        return result
+        return await self._grouped(_begin_send, intent, owner, lease_seconds, rules)
 
     async def record_outcome(self, operation_id: str, *, owner: str, outcome: Outcome, actor: str) -> Operation:
-        result: Operation = await self._grouped(_record_outcome, operation_id, owner, outcome, actor)
-        return result
+        return await self._grouped(_record_outcome, operation_id, owner, outcome, actor)
 
     async def claim_ready(
         self, *, owner: str, lease_seconds: float, batch_id: str | None = None, limit: int = 1, hold_lead: bool = True
     ) -> list[Operation]:
-        result: list[Operation] = await self._grouped(_claim_ready, owner, lease_seconds, batch_id, limit, hold_lead)
-        return result
+        return await self._grouped(_claim_ready, owner, lease_seconds, batch_id, limit, hold_lead)
 
     async def _claim_unknown(
         self, owner: str, lease_seconds: float, operation_id: str | None, batch_id: str | None, limit: int
     ) -> list[Operation]:
-        result: list[Operation] = await self._grouped(
-            _claim_unknown, owner, lease_seconds, operation_id, batch_id, limit
-        )
-        return result
+        return await self._grouped(_claim_unknown, owner, lease_seconds, operation_id, batch_id, limit)
 
     async def expire_leases(self) -> int:
-        result: int = await self._grouped(_expire)
-        return result
+        return await self._grouped(_expire)
 
     async def claim_delivery_checks(
         self, *, channels: Sequence[str], max_age_seconds: float, hold_seconds: float, limit: int = 50
     ) -> list[Operation]:
-        args = core.delivery_check_args(channels, max_age_seconds, hold_seconds, limit)
-        result: list[Operation] = await self._grouped(_operations, "claim_delivery_checks", args)
-        return result
+        wanted = params.delivery_check_args(channels, max_age_seconds, hold_seconds, limit)
+        return await self._grouped(_operations, "claim_delivery_checks", wanted)
 
     async def _plan_batch(
         self, batch_id: str, name: str | None, intents: Iterable[Intent], state: State, actor: str, rules: Rules
@@ -315,34 +315,38 @@ async def _quick_check(tx: Tx, /) -> list[str]:
     return [str(next(iter(row.values()))) for row in await tx.rows("quick_check")]
 
 
-# --- the send path, on the writing connection's thread ---------------------------------------------------
+# --- the send path, on the writing connection's thread (a statement's parameters in one dict, passed on as it is)
 
 
-def _fetch(db: sqlite3.Connection, name: str, args: Sequence[Any] = ()) -> list[Row]:
-    return db.execute(_SQL[name], args).fetchall()
+def _fetch(db: sqlite3.Connection, name: str, given: Params) -> list[Row]:
+    statement = _SQL[name]
+    return db.execute(statement.text, statement.values(given)).fetchall()
 
 
-def _operations(db: sqlite3.Connection, name: str, args: Sequence[Any]) -> list[Operation]:
-    return [core.operation_of(row) for row in _fetch(db, name, args)]
+def _run(db: sqlite3.Connection, name: str, given: Params) -> int:
+    statement = _SQL[name]
+    return db.execute(statement.text, statement.values(given)).rowcount
 
 
-def _one(db: sqlite3.Connection, name: str, *args: Any) -> Operation | None:
-    found = _fetch(db, name, args)
-    return core.operation_of(found[0]) if found else None
+def _run_many(db: sqlite3.Connection, name: str, rows: Sequence[Params]) -> None:
+    statement = _SQL[name]
+    db.executemany(statement.text, [statement.values(each) for each in rows])
+
+
+def _operations(db: sqlite3.Connection, name: str, given: Params) -> list[Operation]:
+    return [core.operation_of(row) for row in _fetch(db, name, given)]
 
 
 def _must(db: sqlite3.Connection, operation_id: str) -> Operation:
-    return core.operation_of(must_row(_fetch(db, "operation_by_id", (operation_id,)), operation_id))
+    return core.operation_of(must_row(_fetch(db, "operation_by_id", {"id": operation_id}), operation_id))
 
 
 def _event(db: sqlite3.Connection, operation_id: str, before: State | None, after: State, actor: str, why: str) -> None:
-    if not is_legal(before, after):
-        raise AssertionError(f"{before} -> {after} is not a move of hail_guard.lifecycle")
-    db.execute(_SQL["record_event"], (operation_id, before.value if before else None, after.value, actor, why))
+    _run(db, "record_event", core.event_values(operation_id, before, after, actor, why))
 
 
 def _expire(db: sqlite3.Connection) -> int:
-    expired = [row["id"] for row in _fetch(db, "expire_leases")]
+    expired = [row["id"] for row in _fetch(db, "expire_leases", {})]
     for operation_id in expired:
         _event(db, operation_id, State.SENDING, State.UNKNOWN, "ledger", LEASE_EXPIRED)
     return len(expired)
@@ -350,7 +354,8 @@ def _expire(db: sqlite3.Connection) -> int:
 
 def _begin_send(db: sqlite3.Connection, intent: Intent, owner: str, lease_seconds: float, rules: Rules) -> Begin:
     _expire(db)
-    existing = _one(db, "operation_by_keys", intent.idempotency_key, intent.legacy_key)
+    keys = {"idempotency_key": intent.idempotency_key, "legacy_key": intent.legacy_key}
+    existing = next(iter(_operations(db, "operation_by_keys", keys)), None)
     if existing is not None:
         if not same_send.repeats(existing, intent):
             return Begin(existing, claimed=False)  # the key holds another message: the caller refuses it
@@ -361,8 +366,9 @@ def _begin_send(db: sqlite3.Connection, intent: Intent, owner: str, lease_second
     if answer is not None:
         return _claim_if_ready(db, answer, owner, lease_seconds, rules)
     operation_id = str(uuid.uuid4())
-    [row] = _fetch(db, "insert_sending", (operation_id, *core.intent_values(intent), owner, lease_seconds))
-    db.execute(_SQL["insert_operation_recipients"], (operation_id,))
+    sending = {"id": operation_id, **params.intent_values(intent), "owner": owner, "lease_seconds": lease_seconds}
+    [row] = _fetch(db, "insert_sending", sending)
+    _run(db, "insert_operation_recipients", {"id": operation_id})
     _event(db, operation_id, None, State.SENDING, owner, "intent recorded; forwarding")
     return Begin(core.operation_of(row), claimed=True)
 
@@ -372,7 +378,8 @@ def _claim_if_ready(
 ) -> Begin:
     """A `ready` operation is claimed to be sent now (under its own key and request), unless its recipient is held;
     any other is answered from."""
-    claimed = _fetch(db, "claim_ready_by_id", (owner, lease_seconds, operation.id, rules.hold_lead))
+    claim = {"owner": owner, "lease_seconds": lease_seconds, "id": operation.id, "hold_lead": rules.hold_lead}
+    claimed = _fetch(db, "claim_ready_by_id", claim)
     if not claimed:
         return Begin(operation, claimed=False)
     _event(db, operation.id, State.READY, State.SENDING, owner, "claimed; forwarding")
@@ -381,27 +388,27 @@ def _claim_if_ready(
 
 def _opted_out(db: sqlite3.Connection, reached: Sequence[str], channel: str) -> bool:
     probes = core.opt_out_probes(reached, channel)
-    return bool(probes) and bool(_fetch(db, "opted_out", (json.dumps(probes), channel)))
+    return bool(probes) and bool(_fetch(db, "opted_out", {"keys": json.dumps(probes), "channel": channel}))
 
 
 def _candidates(db: sqlite3.Connection, intent: Intent, rules: Rules) -> Candidates:
     """What the ledger holds that the rules about the same send compare `intent` with (see `same_send`)."""
-    matches = _operations(db, "matches", core.match_args(intent, rules))
+    matches = _operations(db, "matches", params.match_args(intent, rules))
     if matches:
         return Candidates(matches=matches)
-    holds = _operations(db, "holds", core.hold_args(intent, rules))
+    holds = _operations(db, "holds", params.hold_args(intent, rules))
     if holds or not rules.compares_near or intent.allow_duplicate:
         return Candidates(holds=holds)
-    return Candidates(near=_operations(db, "near", core.near_args(intent, rules)))
+    return Candidates(near=_operations(db, "near", params.near_args(intent, rules)))
 
 
 def _record_outcome(db: sqlite3.Connection, operation_id: str, owner: str, outcome: Outcome, actor: str) -> Operation:
-    before = State(must_row(_fetch(db, "state_of", (operation_id,)), operation_id)["state"])
+    before = State(must_row(_fetch(db, "state_of", {"id": operation_id}), operation_id)["state"])
     if outcome.state is State.ACCEPTED and outcome.provider_id is not None:
-        holder = _fetch(db, "provider_id_holder", (outcome.provider_id, operation_id))
+        holder = _fetch(db, "provider_id_holder", {"provider_id": outcome.provider_id, "id": operation_id})
         if holder:
             outcome = policy.provider_id_taken(outcome, holder[0]["id"])
-    recorded = _fetch(db, "record_outcome", (*core.outcome_values(outcome), operation_id, owner))
+    recorded = _fetch(db, "record_outcome", {**params.outcome_values(outcome), "id": operation_id, "owner": owner})
     if not recorded:
         raise LeaseLost(
             f"operation {operation_id} is no longer ours to record (state {before.value}, "
@@ -410,10 +417,11 @@ def _record_outcome(db: sqlite3.Connection, operation_id: str, owner: str, outco
     _event(db, operation_id, before, outcome.state, actor, outcome.reason)
     operation = core.operation_of(recorded[0])
     if outcome.provider_id is not None:
-        parked = _fetch(db, "parked_webhooks", (outcome.provider_id, core.PARKED_WEBHOOK_SECONDS))
+        kept = {"provider_id": outcome.provider_id, "within_seconds": core.PARKED_WEBHOOK_SECONDS}
+        parked = _fetch(db, "parked_webhooks", kept)
         if parked:  # webhooks that came before the id: applied in this same commit
             for name, rows in core.parked_writes(operation, parked):
-                db.executemany(_SQL[name], rows)
+                _run_many(db, name, rows)
             return _must(db, operation_id)
     return operation
 
@@ -422,10 +430,11 @@ def _claim_ready(
     db: sqlite3.Connection, owner: str, lease_seconds: float, batch_id: str | None, limit: int, hold_lead: bool
 ) -> list[Operation]:
     _expire(db)
-    name, args = ("claim_ready_any", ()) if batch_id is None else ("claim_ready_in_batch", (batch_id,))
+    name, batch = ("claim_ready_any", {}) if batch_id is None else ("claim_ready_in_batch", {"batch_id": batch_id})
+    claim = {"owner": owner, "lease_seconds": lease_seconds, "limit": 1, "hold_lead": hold_lead, **batch}
     claimed: list[Operation] = []
     while len(claimed) < limit:  # one at a time: each claimed send holds the next to its recipient and lead
-        found = _operations(db, name, (owner, lease_seconds, 1, hold_lead, *args))
+        found = _operations(db, name, claim)
         if not found:
             break
         _event(db, found[0].id, State.READY, State.SENDING, owner, "claimed; forwarding")
@@ -437,9 +446,10 @@ def _claim_unknown(
     db: sqlite3.Connection, owner: str, lease_seconds: float, operation_id: str | None, batch_id: str | None, limit: int
 ) -> list[Operation]:
     _expire(db)
+    lease = {"owner": owner, "lease_seconds": lease_seconds, "batch_id": batch_id}
     if operation_id is not None:
-        return _operations(db, "claim_unknown_by_id", (owner, lease_seconds, batch_id, operation_id))
-    return _operations(db, "claim_unknown_due", (owner, lease_seconds, batch_id, limit))
+        return _operations(db, "claim_unknown_by_id", {**lease, "id": operation_id})
+    return _operations(db, "claim_unknown_due", {**lease, "limit": limit})
 
 
 # --- planning a batch ----------------------------------------------------------------------------------
@@ -543,7 +553,7 @@ def _migrate(db: sqlite3.Connection, path: str) -> None:
                 for statement in _statements(script):
                     db.execute(statement)
                 if version in _BACKFILLS:
-                    _BACKFILLS[version](db)
+                    _backfill(db, _BACKFILLS[version])
                 db.execute(f"PRAGMA user_version = {version}")
     except BaseException:
         db.execute("ROLLBACK")
@@ -568,56 +578,19 @@ def _statements(script: str) -> Iterator[str]:
         yield pending  # what is left is comments (it runs as nothing), or an unfinished statement (it fails)
 
 
-def _backfill_recipients(db: sqlite3.Connection) -> None:
-    """Version 6: recipients, opt-out keys, message fingerprints and senders recomputed (`backfill`)."""
-    rows = db.execute("SELECT id, tool, channel, request FROM operations ORDER BY rowid").fetchall()
-    for page in backfill.pages(iter(rows)):
-        found = [(row["id"], backfill.facts(row["tool"], row["channel"], row["request"])) for row in page]
-        db.executemany(
-            "UPDATE operations SET recipients = ?, recipient_keys = ?, content_fingerprint = ?, sender = ? "
-            "WHERE id = ?",
-            [
-                (json.dumps(f.recipients), json.dumps(f.recipient_keys), f.content_fingerprint, f.sender, operation_id)
-                for operation_id, f in found
-            ],
-        )
-        db.executemany(
-            "INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint) VALUES (?, ?, ?)",
-            [(operation_id, r, f.content_fingerprint) for operation_id, f in found for r in f.recipients],
-        )
-    opt_outs = db.execute("SELECT rowid AS id, recipient, channel FROM suppressions ORDER BY created_at").fetchall()
-    for row in opt_outs:  # of two that now read the same, the earliest is kept
-        key = recipients.comparable(row["recipient"], row["channel"])
+def _backfill(db: sqlite3.Connection, step: backfill.Step) -> None:
+    """A migration's stored values recomputed (`backfill`), then each opt-out stored by its recipient's key now."""
+    for page in backfill.pages(iter(_fetch(db, f"backfill_{step.name}_rows", {}))):
+        updates, reached = step.recompute(page)
+        _run_many(db, f"backfill_{step.name}", updates)
+        _run_many(db, "backfill_recipient", reached)
+    for row in _fetch(db, "backfill_opt_outs", {}):
+        key = step.opt_out_key(row["recipient"], row["channel"])
         if key != row["recipient"]:
-            moved = db.execute("UPDATE OR IGNORE suppressions SET recipient = ? WHERE rowid = ?", (key, row["id"]))
-            if moved.rowcount == 0:
-                db.execute("DELETE FROM suppressions WHERE rowid = ?", (row["id"],))
+            kept = {"recipient": row["recipient"], "channel": row["channel"]}
+            _run(db, "backfill_opt_out_key", {"key": key, **kept})
+            _run(db, "backfill_drop_opt_out", kept)
 
 
-def _backfill_keys(db: sqlite3.Connection) -> None:
-    """Version 9: recipients renormalised, their keys (mailboxes) and the lead recomputed (`backfill`); each
-    recipient key's row of `operation_recipients` written again; opt-outs stored by key."""
-    rows = db.execute("SELECT id, channel, recipients, request, content_fingerprint FROM operations ORDER BY rowid")
-    for page in backfill.pages(iter(rows.fetchall())):
-        found = [
-            (row, backfill.renormalised(row["channel"], json.loads(row["recipients"]), row["request"])) for row in page
-        ]
-        db.executemany(
-            "UPDATE operations SET recipients = ?, recipient_keys = ?, lead = ? WHERE id = ?",
-            [(json.dumps(f.recipients), json.dumps(f.recipient_keys), f.lead, row["id"]) for row, f in found],
-        )
-        db.executemany(
-            "INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint) VALUES (?, ?, ?)",
-            [(row["id"], key, row["content_fingerprint"]) for row, f in found for key in f.recipient_keys],
-        )
-    opt_outs = db.execute("SELECT rowid AS id, recipient, channel FROM suppressions ORDER BY created_at").fetchall()
-    for row in opt_outs:  # of two that now read the same, the earliest is kept
-        key = backfill.opt_out_key(row["recipient"], row["channel"])
-        if key != row["recipient"]:
-            moved = db.execute("UPDATE OR IGNORE suppressions SET recipient = ? WHERE rowid = ?", (key, row["id"]))
-            if moved.rowcount == 0:
-                db.execute("DELETE FROM suppressions WHERE rowid = ?", (row["id"],))
-
-
-_BACKFILLS: dict[int, Callable[[sqlite3.Connection], None]] = {6: _backfill_recipients, 9: _backfill_keys}
+_BACKFILLS = {6: backfill.FACTS, 9: backfill.KEYS}
 """Migrations whose stored values are recomputed in Python right after their SQL, in their transaction."""

@@ -12,6 +12,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -266,8 +267,8 @@ def test_bad_numbers_are_usage_errors(flag: str, value: str) -> None:
 def _replace_sql(monkeypatch: pytest.MonkeyPatch, name: str, old: str, new: str) -> None:
     """Edit the SQLite ledger's named statement `name` for this test (the drill runs on SQLite)."""
     statements = sql.statements("sqlite")
-    assert old in statements[name], f"the sabotage of {name} no longer applies"
-    monkeypatch.setitem(statements, name, statements[name].replace(old, new))
+    assert old in statements[name].text, f"the sabotage of {name} no longer applies"
+    monkeypatch.setitem(statements, name, replace(statements[name], text=statements[name].text.replace(old, new)))
 
 
 def retry_forwarded_again(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -312,8 +313,8 @@ def claims_held_operations(monkeypatch: pytest.MonkeyPatch) -> None:
             "WHERE state = 'ready' AND",
             "WHERE (state = 'ready' OR state = 'sending' AND attempts < 2) AND",
         )
-        unindexed = re.sub(r" INDEXED BY \w+", "", statements[name])  # an index of ready rows cannot serve it
-        monkeypatch.setitem(statements, name, unindexed)
+        unindexed = re.sub(r" INDEXED BY \w+", "", statements[name].text)  # an index of ready rows cannot serve it
+        monkeypatch.setitem(statements, name, replace(statements[name], text=unindexed))
 
 
 def opt_out_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -391,7 +391,9 @@ async def test_claiming_from_a_large_batch_reads_a_row_not_the_whole_batch(postg
             await transaction.start()
             try:
                 claim = sql.statements("postgres")["claim_ready_in_batch"]
-                assert len(await db.fetch(claim, "w", 60.0, 1, LEASE_EXPIRED, True, "B1")) == 1
+                given = {"owner": "w", "lease_seconds": 60.0, "limit": 1, "expired_reason": LEASE_EXPIRED}
+                given |= {"hold_lead": True, "batch_id": "B1"}
+                assert len(await db.fetch(claim.text, *claim.values(given))) == 1
             finally:
                 await transaction.rollback()
     finally:

@@ -4,81 +4,89 @@
 -- order of sql/sqlite/queries.sql; the send path's own statements follow. hg_begin_send is in begin_send.sql.
 
 -- ---------------------------------------------------------------------------------------------------
--- Shared with SQLite: the same names, the same parameters in the same order.
+-- Shared with SQLite: the same names, the same parameters.
 
 -- name: now
 SELECT {now}
 
 -- name: operation_by_id
-SELECT {columns} FROM operations WHERE id = $1
+SELECT {columns} FROM operations WHERE id = :id
 
 -- name: operation_by_id_for_update
-SELECT {columns} FROM operations WHERE id = $1 FOR UPDATE
+SELECT {columns} FROM operations WHERE id = :id FOR UPDATE
 
 -- name: operation_by_key
-SELECT {columns} FROM operations WHERE idempotency_key = $1
+SELECT {columns} FROM operations WHERE idempotency_key = :idempotency_key
 
 -- name: operation_by_provider_for_update
-SELECT {columns} FROM operations WHERE provider_id = $1 ORDER BY created_at DESC, seq DESC LIMIT 1 FOR UPDATE
+SELECT {columns} FROM operations WHERE provider_id = :provider_id ORDER BY created_at DESC, seq DESC LIMIT 1
+FOR UPDATE
 
 -- name: oldest_in_state
-SELECT {columns} FROM operations WHERE state = $1 ORDER BY created_at, seq LIMIT 1
+SELECT {columns} FROM operations WHERE state = :state ORDER BY created_at, seq LIMIT 1
 
 -- name: list_operations
 SELECT {columns} FROM operations
-WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR campaign_id = $2) AND ($3::text IS NULL OR batch_id = $3)
-  AND ($4::text IS NULL OR $4 = ANY (recipient_keys))
-  AND ($5::float8 IS NULL OR created_at >= to_timestamp($5))
-  AND ($6::text IS NULL OR (created_at, seq) < (SELECT o.created_at, o.seq FROM operations o WHERE o.id = $6))
-ORDER BY created_at DESC, seq DESC LIMIT $7
+WHERE (:state::text IS NULL OR state = :state) AND (:campaign_id::text IS NULL OR campaign_id = :campaign_id)
+  AND (:batch_id::text IS NULL OR batch_id = :batch_id)
+  AND (:recipient::text IS NULL OR :recipient = ANY (recipient_keys))
+  AND (:since::float8 IS NULL OR created_at >= to_timestamp(:since))
+  AND (:before::text IS NULL
+       OR (created_at, seq) < (SELECT o.created_at, o.seq FROM operations o WHERE o.id = :before))
+ORDER BY created_at DESC, seq DESC LIMIT :limit
 
 -- name: count_by_state
 SELECT state, count(*) AS count FROM operations GROUP BY state
 
 -- name: events_of
-SELECT operation_id, at, from_state, to_state, actor, reason FROM events WHERE operation_id = $1 ORDER BY id
+SELECT operation_id, at, from_state, to_state, actor, reason FROM events WHERE operation_id = :operation_id
+ORDER BY id
 
 -- name: record_event
-INSERT INTO events (operation_id, at, from_state, to_state, actor, reason) VALUES ($1, {now}, $2, $3, $4, $5)
+INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
+VALUES (:operation_id, {now}, :from_state, :to_state, :actor, :reason)
 
 -- name: insert_operation
 INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request, request_fingerprint,
     content_fingerprint, sender, campaign_id, lead_id, message_id, batch_id, lead, state, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5::jsonb, ARRAY(SELECT jsonb_array_elements_text($6::jsonb)), $7, $8, $9, $10::jsonb, $11,
-    $12, $13, $14, $15, $16, {now}, {now})
+VALUES (:id, :idempotency_key, :tool, :channel, :recipients::jsonb,
+    ARRAY(SELECT jsonb_array_elements_text(:recipient_keys::jsonb)), :request, :request_fingerprint,
+    :content_fingerprint, :sender::jsonb, :campaign_id, :lead_id, :message_id, :batch_id, :lead, :state, {now}, {now})
 
 -- name: insert_operation_recipients
 -- One row per recipient key (the mailbox: `recipients.key_of`): what every rule about the same send compares.
 INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
-SELECT o.id, r, o.content_fingerprint FROM operations o, unnest(o.recipient_keys) AS r WHERE o.id = $1
+SELECT o.id, r, o.content_fingerprint FROM operations o, unnest(o.recipient_keys) AS r WHERE o.id = :id
 
 -- name: resolve_review
-UPDATE operations SET state = $1, provider_id = COALESCE($2, provider_id), cancel_reason = COALESCE($3, cancel_reason),
-    last_error = COALESCE($4, last_error), may_have_left = $6, lease_owner = NULL, lease_expires_at = NULL,
-    next_check_at = NULL, updated_at = {now}
-WHERE id = $5 AND state IN {reviewable}
+UPDATE operations SET state = :state, provider_id = COALESCE(:provider_id, provider_id),
+    cancel_reason = COALESCE(:cancel_reason, cancel_reason), last_error = COALESCE(:last_error, last_error),
+    may_have_left = :may_have_left, lease_owner = NULL, lease_expires_at = NULL, next_check_at = NULL,
+    updated_at = {now}
+WHERE id = :id AND state IN {reviewable}
 
 -- name: link_resend
-UPDATE operations SET resend_of = $2 WHERE id = $1
+UPDATE operations SET resend_of = :resend_of WHERE id = :id
 
 -- name: supersede
-UPDATE operations SET state = 'cancelled', cancel_reason = $1, resent_as = $2, may_have_left = true,
-    lease_owner = NULL, lease_expires_at = NULL, next_check_at = NULL, updated_at = {now}
-WHERE id = $3 AND state IN {reviewable}
+UPDATE operations SET state = 'cancelled', cancel_reason = :cancel_reason, resent_as = :resent_as,
+    may_have_left = true, lease_owner = NULL, lease_expires_at = NULL, next_check_at = NULL, updated_at = {now}
+WHERE id = :id AND state IN {reviewable}
 
 -- name: suppressions
 SELECT recipient, channel, reason, source, created_at FROM suppressions ORDER BY created_at, recipient, channel
 
 -- name: add_suppression
-INSERT INTO suppressions (recipient, channel, reason, source, created_at) VALUES ($1, $2, $3, $4, {now})
+INSERT INTO suppressions (recipient, channel, reason, source, created_at)
+VALUES (:recipient, :channel, :reason, :source, {now})
 ON CONFLICT (recipient, channel) DO UPDATE SET reason = excluded.reason, source = excluded.source
 
 -- name: remove_suppression
-DELETE FROM suppressions WHERE recipient = $1 AND channel = $2 RETURNING recipient
+DELETE FROM suppressions WHERE recipient = :recipient AND channel = :channel RETURNING recipient
 
 -- name: opted_out_pending
 SELECT id, state FROM operations
-WHERE state IN {cancellable} AND ($1::text IS NULL OR batch_id = $1) AND EXISTS (
+WHERE state IN {cancellable} AND (:batch_id::text IS NULL OR batch_id = :batch_id) AND EXISTS (
     SELECT 1 FROM unnest(operations.recipient_keys) AS r (recipient), LATERAL (
         SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN (operations.channel, 'all')
         LIMIT 1) AS opted_out)
@@ -86,21 +94,22 @@ ORDER BY seq
 FOR UPDATE
 
 -- name: cancel_operations
-UPDATE operations SET state = 'cancelled', cancel_reason = $2, updated_at = {now}
-WHERE id IN (SELECT jsonb_array_elements_text($1::jsonb)) AND state IN {cancellable}
+UPDATE operations SET state = 'cancelled', cancel_reason = :reason, updated_at = {now}
+WHERE id IN (SELECT jsonb_array_elements_text(:ids::jsonb)) AND state IN {cancellable}
 RETURNING id
 
 -- name: insert_batch
-INSERT INTO batches (id, name, created_by, created_at) VALUES ($1, $2, $3, {now})
+INSERT INTO batches (id, name, created_by, created_at) VALUES (:batch_id, :name, :created_by, {now})
 
 -- name: batch_name
-SELECT name FROM batches WHERE id = $1
+SELECT name FROM batches WHERE id = :batch_id
 
 -- name: batch_counts
-SELECT state, count(*) AS count FROM operations WHERE batch_id = $1 GROUP BY state
+SELECT state, count(*) AS count FROM operations WHERE batch_id = :batch_id GROUP BY state
 
 -- name: batch_unresolved
-SELECT {columns} FROM operations WHERE batch_id = $1 AND state IN {unresolved} ORDER BY created_at, seq LIMIT 100
+SELECT {columns} FROM operations WHERE batch_id = :batch_id AND state IN {unresolved}
+ORDER BY created_at, seq LIMIT 100
 
 -- name: batch_held
 -- As SQLite's: the batch's `ready` sends held by an unresolved send, with what holds each (`held_by`).
@@ -110,136 +119,147 @@ SELECT * FROM (
     JOIN operation_recipients hr ON hr.operation_id = h.id
     JOIN operation_recipients r ON r.recipient COLLATE "C" = hr.recipient
     JOIN operations o ON o.id = r.operation_id
-    WHERE h.state IN {holding} AND o.batch_id = $1 AND o.state = {claimable_state} AND o.channel = h.channel
+    WHERE h.state IN {holding} AND o.batch_id = :batch_id AND o.state = {claimable_state} AND o.channel = h.channel
     UNION ALL
     SELECT {o_columns}, o.seq AS position, h.id AS held_by
     FROM operations h JOIN operations o ON o.lead = h.lead
-    WHERE $2 AND h.state IN {holding} AND o.batch_id = $1 AND o.state = {claimable_state} AND o.id <> h.id) AS held
+    WHERE :hold_lead AND h.state IN {holding} AND o.batch_id = :batch_id AND o.state = {claimable_state}
+      AND o.id <> h.id) AS held
 ORDER BY created_at, position LIMIT 100
 
 -- name: list_batches
 SELECT b.id AS batch_id, b.name, b.created_at, o.state, count(o.id) AS count
 FROM (SELECT id, name, created_at FROM batches
-      WHERE $2::text IS NULL OR (created_at, id) < (SELECT created_at, id FROM batches WHERE id = $2)
-      ORDER BY created_at DESC, id DESC LIMIT $1) AS b
+      WHERE :after::text IS NULL OR (created_at, id) < (SELECT created_at, id FROM batches WHERE id = :after)
+      ORDER BY created_at DESC, id DESC LIMIT :limit) AS b
 LEFT JOIN operations AS o ON o.batch_id = b.id
 GROUP BY b.id, b.name, b.created_at, o.state ORDER BY b.created_at DESC, b.id DESC
 
 -- name: approve_batch
-UPDATE operations SET state = 'ready', updated_at = {now} WHERE batch_id = $1 AND state IN {approvable} RETURNING id
+UPDATE operations SET state = 'ready', updated_at = {now} WHERE batch_id = :batch_id AND state IN {approvable}
+RETURNING id
 
 -- name: delivery_events_of
 SELECT operation_id, state, occurred_at, recorded_at, source, detail FROM delivery_events
-WHERE operation_id = $1 ORDER BY id
+WHERE operation_id = :operation_id ORDER BY id
 
 -- name: record_delivery_event
 INSERT INTO delivery_events (operation_id, state, occurred_at, recorded_at, source, detail)
-VALUES ($1, $2, to_timestamp($3::float8), {now}, $4, $5) ON CONFLICT (operation_id, state) DO NOTHING
+VALUES (:operation_id, :state, to_timestamp(:occurred_at::float8), {now}, :source, :detail)
+ON CONFLICT (operation_id, state) DO NOTHING
 
 -- name: set_delivery_state
-UPDATE operations SET delivery_state = $1, delivery_at = COALESCE(to_timestamp($2::float8), {now}), updated_at = {now}
-WHERE id = $3
+UPDATE operations SET delivery_state = :delivery_state,
+    delivery_at = COALESCE(to_timestamp(:delivery_at::float8), {now}), updated_at = {now}
+WHERE id = :id
 
 -- name: count_delivery_check
 UPDATE operations SET delivery_checks = delivery_checks + 1,
-    delivery_next_check_at = {now} + $1::float8 * interval '1 second'
-WHERE id = $2
+    delivery_next_check_at = {now} + :next_check_seconds::float8 * interval '1 second'
+WHERE id = :id
 
 -- name: signature_seen
-SELECT 1 FROM webhook_deliveries WHERE signature = $1
+SELECT 1 FROM webhook_deliveries WHERE signature = :signature
 
 -- name: claim_webhook
 INSERT INTO webhook_deliveries (delivery_id, signature, event_type, provider_id, outcome, received_at, payload,
     delivery_state, occurred_at)
-VALUES ($1, $2, $3, $4, 'pending', {now}, $5, $6, to_timestamp($7::float8)) ON CONFLICT DO NOTHING
+VALUES (:delivery_id, :signature, :event_type, :provider_id, 'pending', {now}, :payload, :delivery_state,
+    to_timestamp(:occurred_at::float8))
+ON CONFLICT DO NOTHING
 RETURNING delivery_id
 
 -- name: settle_webhook
-UPDATE webhook_deliveries SET outcome = $1, operation_id = $2 WHERE delivery_id = $3
+UPDATE webhook_deliveries SET outcome = :outcome, operation_id = :operation_id WHERE delivery_id = :delivery_id
 
 -- name: lock_provider
--- Held to the end of the transaction by a webhook for message id $1 (before it looks for the operation) and by
+-- Held to the end of the transaction by a webhook for a message id (before it looks for the operation) and by
 -- whatever records that id (before it looks for webhooks kept for it): one of them always sees the other's commit.
 -- Lock space "HGPW"; the second key is the id's hash.
-SELECT pg_advisory_xact_lock(1212633175, hashtext($1))
+SELECT pg_advisory_xact_lock(1212633175, hashtext(:provider_id))
 
 -- name: parked_count
 SELECT count(*) AS count FROM webhook_deliveries
-WHERE outcome = 'parked' AND received_at >= {now} - $1::float8 * interval '1 second'
+WHERE outcome = 'parked' AND received_at >= {now} - :within_seconds::float8 * interval '1 second'
 
 -- name: parked_webhooks
 SELECT delivery_id, delivery_state, occurred_at FROM webhook_deliveries
-WHERE provider_id = $1 AND outcome = 'parked' AND received_at >= {now} - $2::float8 * interval '1 second'
+WHERE provider_id = :provider_id AND outcome = 'parked'
+  AND received_at >= {now} - :within_seconds::float8 * interval '1 second'
 ORDER BY received_at, delivery_id
 
 -- name: prune_cutoff
-SELECT {now} - $1::float8 * interval '1 second' AS cutoff
+SELECT {now} - :older_than_seconds::float8 * interval '1 second' AS cutoff
 
 -- name: prune_events
 DELETE FROM events WHERE operation_id IN (
-    SELECT id FROM operations WHERE state IN {terminal} AND updated_at < $1 AND created_at < $1)
+    SELECT id FROM operations WHERE state IN {terminal} AND updated_at < :cutoff AND created_at < :cutoff)
 
 -- name: prune_delivery_events
 DELETE FROM delivery_events WHERE operation_id IN (
-    SELECT id FROM operations WHERE state IN {terminal} AND updated_at < $1 AND created_at < $1)
+    SELECT id FROM operations WHERE state IN {terminal} AND updated_at < :cutoff AND created_at < :cutoff)
 
 -- name: prune_recipients
 DELETE FROM operation_recipients WHERE operation_id IN (
-    SELECT id FROM operations WHERE state IN {terminal} AND updated_at < $1 AND created_at < $1)
+    SELECT id FROM operations WHERE state IN {terminal} AND updated_at < :cutoff AND created_at < :cutoff)
 
 -- name: prune_operations
-DELETE FROM operations WHERE state IN {terminal} AND updated_at < $1 AND created_at < $1
+DELETE FROM operations WHERE state IN {terminal} AND updated_at < :cutoff AND created_at < :cutoff
 
 -- name: prune_send_counts
 -- The hours' counts that fell to 0 (their sends were pruned, or all moved to other states).
 DELETE FROM sends_by_hour WHERE count = 0
 
 -- name: prune_webhooks
-DELETE FROM webhook_deliveries WHERE received_at < {now} - $1::float8 * interval '1 second'
+DELETE FROM webhook_deliveries WHERE received_at < {now} - :older_than_seconds::float8 * interval '1 second'
 
 -- name: observe_tool
-INSERT INTO upstream_tools (name, fingerprint, accepted_fingerprint, first_seen_at) VALUES ($1, $2, $2, {now})
+INSERT INTO upstream_tools (name, fingerprint, accepted_fingerprint, first_seen_at)
+VALUES (:name, :fingerprint, :fingerprint, {now})
 ON CONFLICT (name) DO UPDATE SET
     changed_at = CASE WHEN excluded.fingerprint = upstream_tools.fingerprint THEN upstream_tools.changed_at
                       ELSE {now} END,
     fingerprint = excluded.fingerprint
 
 -- name: tool_pins
-SELECT name, fingerprint, accepted_fingerprint, first_seen_at, changed_at FROM upstream_tools ORDER BY name COLLATE "C"
+SELECT name, fingerprint, accepted_fingerprint, first_seen_at, changed_at FROM upstream_tools
+ORDER BY name COLLATE "C"
 
 -- name: accept_tools
 UPDATE upstream_tools SET accepted_fingerprint = fingerprint, changed_at = NULL
 WHERE fingerprint <> accepted_fingerprint
-  AND ($1::jsonb IS NULL OR name IN (SELECT jsonb_array_elements_text($1::jsonb)))
+  AND (:names::jsonb IS NULL OR name IN (SELECT jsonb_array_elements_text(:names::jsonb)))
 RETURNING name
 
 -- name: opted_out
 -- One probe of the opt-out list's key per recipient: the LIMIT keeps PostgreSQL from planning it as a join,
 -- which it did as a scan of the whole list.
-SELECT 1 FROM unnest(ARRAY(SELECT jsonb_array_elements_text($1::jsonb))) AS r (recipient), LATERAL (
-    SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN ($2, 'all') LIMIT 1) AS opted_out
+SELECT 1 FROM unnest(ARRAY(SELECT jsonb_array_elements_text(:keys::jsonb))) AS r (recipient), LATERAL (
+    SELECT 1 FROM suppressions s WHERE s.recipient = r.recipient AND s.channel IN (:channel, 'all') LIMIT 1)
+    AS opted_out
 LIMIT 1
 
 -- name: matches
--- As SQLite's: the same message ($1) to one of its recipient keys ($2), under another key ($3), of the same tool
--- ($4), whose senders agree with $9, in a state that blocks it: one of $5 at any age, or one of $6 (or closed by an
--- operator after it may have left, when $7) first sent within $8 seconds.
+-- As SQLite's: the same message to one of its recipient keys, under another key, of the same tool, whose senders
+-- agree, in a state that blocks it: one of :always at any age, or one of :windowed (or closed by an operator after
+-- it may have left, when :closed_block) first sent within :window_seconds.
 SELECT {o_columns} FROM operations o
 WHERE o.id IN (
     SELECT r.operation_id FROM operation_recipients r
-    WHERE r.content_fingerprint = $1 AND r.recipient IN (SELECT jsonb_array_elements_text($2::jsonb)))
-  AND o.idempotency_key <> $3 AND o.tool = $4
-  AND (o.state IN (SELECT jsonb_array_elements_text($5::jsonb))
-       OR ((o.state IN (SELECT jsonb_array_elements_text($6::jsonb)) OR ($7 AND o.may_have_left))
-           AND COALESCE(o.first_sent_at, o.created_at) >= {now} - $8::float8 * interval '1 second'))
+    WHERE r.content_fingerprint = :content_fingerprint
+      AND r.recipient IN (SELECT jsonb_array_elements_text(:recipient_keys::jsonb)))
+  AND o.idempotency_key <> :idempotency_key AND o.tool = :tool
+  AND (o.state IN (SELECT jsonb_array_elements_text(:always::jsonb))
+       OR ((o.state IN (SELECT jsonb_array_elements_text(:windowed::jsonb)) OR (:closed_block AND o.may_have_left))
+           AND COALESCE(o.first_sent_at, o.created_at) >= {now} - :window_seconds::float8 * interval '1 second'))
   AND NOT EXISTS (
-    SELECT 1 FROM jsonb_each(o.sender) a JOIN jsonb_each($9::jsonb) b ON a.key = b.key WHERE a.value <> b.value)
+    SELECT 1 FROM jsonb_each(o.sender) a JOIN jsonb_each(:sender::jsonb) b ON a.key = b.key WHERE a.value <> b.value)
 ORDER BY o.created_at DESC, o.seq DESC
 LIMIT 20
 
 -- name: holds
--- As SQLite's: unresolved sends to one of these recipient keys ($1) on channel $2, or to the lead $3.
-SELECT * FROM hg_holds(ARRAY(SELECT jsonb_array_elements_text($1::jsonb)), $2, $3::text)
+-- As SQLite's: unresolved sends to one of these recipient keys on the channel, or to the lead.
+SELECT * FROM hg_holds(ARRAY(SELECT jsonb_array_elements_text(:recipient_keys::jsonb)), :channel, :lead::text)
 
 -- ---------------------------------------------------------------------------------------------------
 -- Planning a batch, in one transaction: the sends are staged (COPY) into a temporary table dropped at its end.
@@ -262,40 +282,41 @@ SELECT p.position FROM hg_plan_stage p
 CROSS JOIN LATERAL jsonb_array_elements_text(p.recipient_keys) AS pr (recipient)
 JOIN operation_recipients r ON r.content_fingerprint = p.content_fingerprint AND r.recipient = pr.recipient
 JOIN operations o ON o.id = r.operation_id
-WHERE p.allow_duplicate = $2 AND o.idempotency_key <> p.idempotency_key AND o.tool = p.tool
-  AND (o.state IN (SELECT jsonb_array_elements_text($3::jsonb))
-       OR ((o.state IN (SELECT jsonb_array_elements_text($4::jsonb)) OR ($5 AND o.may_have_left))
-           AND COALESCE(o.first_sent_at, o.created_at) >= {now} - $1::float8 * interval '1 second'))
+WHERE p.allow_duplicate = :allow_duplicate AND o.idempotency_key <> p.idempotency_key AND o.tool = p.tool
+  AND (o.state IN (SELECT jsonb_array_elements_text(:always::jsonb))
+       OR ((o.state IN (SELECT jsonb_array_elements_text(:windowed::jsonb)) OR (:closed_block AND o.may_have_left))
+           AND COALESCE(o.first_sent_at, o.created_at) >= {now} - :window_seconds::float8 * interval '1 second'))
   AND NOT EXISTS (
     SELECT 1 FROM jsonb_each(o.sender) a JOIN jsonb_each(p.sender) b ON a.key = b.key WHERE a.value <> b.value)
 ORDER BY p.position
 LIMIT 1
 
 -- name: staged_near
--- As SQLite's: staged sends ($2 to $3) and the other messages their recipients have that count as sent.
+-- As SQLite's: staged sends (positions :first to :last) and the other messages their recipients have that count as
+-- sent.
 SELECT p.position, p.tool AS staged_tool, {o_columns}
 FROM hg_plan_stage p
 CROSS JOIN LATERAL jsonb_array_elements_text(p.recipient_keys) AS pr (recipient)
 JOIN operation_recipients r ON r.recipient COLLATE "C" = pr.recipient
 JOIN operations o ON o.id = r.operation_id
-WHERE p.position BETWEEN $2 AND $3 AND NOT p.allow_duplicate AND o.channel = p.channel
+WHERE p.position BETWEEN :first AND :last AND NOT p.allow_duplicate AND o.channel = p.channel
   AND o.content_fingerprint <> p.content_fingerprint AND o.idempotency_key <> p.idempotency_key
   AND (o.state IN {waiting}
        OR ((o.state IN {settled_live} OR o.may_have_left)
-           AND COALESCE(o.first_sent_at, o.created_at) >= {now} - $1::float8 * interval '1 second'))
+           AND COALESCE(o.first_sent_at, o.created_at) >= {now} - :window_seconds::float8 * interval '1 second'))
 ORDER BY p.position, o.created_at DESC
 
 -- name: staged_intent
 SELECT idempotency_key, tool, channel, recipients, request, request_fingerprint, content_fingerprint,
     sender::text AS sender, campaign_id, lead_id, message_id, lead, allow_duplicate
-FROM hg_plan_stage WHERE position = $1
+FROM hg_plan_stage WHERE position = :position
 
 -- name: plan_staged
 INSERT INTO operations (id, idempotency_key, tool, channel, recipients, recipient_keys, request, request_fingerprint,
     content_fingerprint, sender, campaign_id, lead_id, message_id, lead, batch_id, state, created_at, updated_at)
 SELECT id, idempotency_key, tool, channel, recipients, ARRAY(SELECT jsonb_array_elements_text(recipient_keys)),
-    request, request_fingerprint, content_fingerprint, sender, campaign_id, lead_id, message_id, lead, $1, $2, {now},
-    {now}
+    request, request_fingerprint, content_fingerprint, sender, campaign_id, lead_id, message_id, lead, :batch_id,
+    :state, {now}, {now}
 FROM hg_plan_stage ORDER BY position
 
 -- name: plan_staged_recipients
@@ -304,12 +325,13 @@ SELECT p.id, r, p.content_fingerprint FROM hg_plan_stage p, jsonb_array_elements
 
 -- name: plan_staged_events
 INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
-SELECT p.id, {now}, NULL, $1, $2, $3 FROM hg_plan_stage p JOIN operations o ON o.id = p.id ORDER BY o.seq
+SELECT p.id, {now}, NULL, :state, :actor, :reason FROM hg_plan_stage p JOIN operations o ON o.id = p.id ORDER BY o.seq
 
 -- name: lock_recipients
 -- The advisory locks of these recipient keys (and leads), sorted (see hg_begin_send): the sends to them wait for
 -- this plan's transaction.
-SELECT pg_advisory_xact_lock(hg_lock_key(subject)) FROM unnest($1::text[]) AS subject ORDER BY hg_lock_key(subject)
+SELECT pg_advisory_xact_lock(hg_lock_key(subject)) FROM unnest(:subjects::text[]) AS subject
+ORDER BY hg_lock_key(subject)
 
 -- ---------------------------------------------------------------------------------------------------
 -- The send path (hail_guard/ledger/postgres.py): each write one statement, committed on its own.
@@ -317,9 +339,12 @@ SELECT pg_advisory_xact_lock(hg_lock_key(subject)) FROM unnest($1::text[]) AS su
 -- name: begin_send
 -- Everything `begin_send` does, in one round trip (two when near messages are compared): see begin_send.sql.
 SELECT b.verdict, (b.operation).*
-FROM hg_begin_send($1, $2, $3, $4, $5::jsonb, ARRAY(SELECT jsonb_array_elements_text($6::jsonb)), $7, $8, $9,
-    $10::jsonb, $11, $12, $13, $14, $15, $16, $17, $18, ARRAY(SELECT jsonb_array_elements_text($19::jsonb)),
-    ARRAY(SELECT jsonb_array_elements_text($20::jsonb)), $21, $22, $23, $24, $25::text[], $26) b
+FROM hg_begin_send(:id, :idempotency_key, :tool, :channel, :recipients::jsonb,
+    ARRAY(SELECT jsonb_array_elements_text(:recipient_keys::jsonb)), :request, :request_fingerprint,
+    :content_fingerprint, :sender::jsonb, :campaign_id, :lead_id, :message_id, :batch_id, :lead, :owner,
+    :lease_seconds, :legacy_key, ARRAY(SELECT jsonb_array_elements_text(:always::jsonb)),
+    ARRAY(SELECT jsonb_array_elements_text(:windowed::jsonb)), :closed_block, :window_seconds, :hold_lead,
+    :compares_near, :compared::text[], :expired_reason) b
 
 -- name: expire_leases
 -- The rows are picked once, locked, and updated by id (as `id IN (subquery)`, PostgreSQL could run the subquery
@@ -332,53 +357,58 @@ expired AS (
     RETURNING operations.id),
 logged AS (
     INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
-    SELECT id, {now}, 'sending', 'unknown', 'ledger', $1 FROM expired)
+    SELECT id, {now}, 'sending', 'unknown', 'ledger', :expired_reason FROM expired)
 SELECT count(*) AS expired FROM expired
 
 -- name: claim_ready_by_id
--- $1 owner, $2 lease seconds, $3 the operation, $4 whether a lead's unresolved send holds it (see claims.sql).
-SELECT {columns} FROM hg_claim_ready($1, $2::float8, 1, NULL, NULL, $3, $4)
+-- :hold_lead: whether a lead's unresolved send holds it (see claims.sql).
+SELECT {columns} FROM hg_claim_ready(:owner, :lease_seconds::float8, 1, NULL, NULL, :id, :hold_lead)
 
 -- name: claim_ready_any
--- Expire the leases that ran out, and claim the oldest `ready` operations whose recipients did not opt out and are
--- not held: see claims.sql. $1 owner, $2 lease seconds, $3 how many, $4 the expiry's reason, $5 hold leads.
-SELECT {columns} FROM hg_claim_ready($1, $2::float8, $3, $4, NULL, NULL, $5)
+-- Expire the leases that ran out (with :expired_reason), and claim the oldest `ready` operations whose recipients did
+-- not opt out and are not held: see claims.sql.
+SELECT {columns} FROM hg_claim_ready(:owner, :lease_seconds::float8, :limit, :expired_reason, NULL, NULL, :hold_lead)
 
 -- name: claim_ready_in_batch
--- As claim_ready_any, in batch $6.
-SELECT {columns} FROM hg_claim_ready($1, $2::float8, $3, $4, $6, NULL, $5)
+-- As claim_ready_any, in one batch.
+SELECT {columns}
+FROM hg_claim_ready(:owner, :lease_seconds::float8, :limit, :expired_reason, :batch_id, NULL, :hold_lead)
 
 -- name: record_outcomes
--- The outcomes of one or many sends, in one round trip: see outcomes.sql. $1 to $13 are arrays (record_outcome's
--- parameters, an element for each), $14 how long a webhook stays parked, $15 whether one parked raises HG001.
+-- The outcomes of one or many sends, in one round trip: see outcomes.sql. Each of record_outcome's parameters is an
+-- array (an element for each outcome); :parked_seconds is how long a webhook stays parked, :refuse_parked whether
+-- one parked raises HG001.
 SELECT r.given_id, r.before_state, (r.operation).*, r.parked
-FROM hg_record_outcomes($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::integer[], $7::float8[],
-    $8::float8[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::float8, $15::boolean) AS r
+FROM hg_record_outcomes(:state::text[], :provider_id::text[], :result::text[], :error::text[],
+    :review_reason::text[], :attempts_back::integer[], :not_before_seconds::float8[], :check_after_seconds::float8[],
+    :id::text[], :owner::text[], :actor::text[], :reason::text[], :taken::text[], :parked_seconds::float8,
+    :refuse_parked::boolean) AS r
 
 -- name: claim_ready_for
--- Claims for several owners at once (the group commit): the n-th operation claimed is owner n's ($1), see claims.sql.
--- $2 lease seconds, $3 the expiry's reason, $4 the batch (NULL: any), $5 hold leads.
-SELECT {columns} FROM hg_claim_ready_for($1::text[], $2::float8, $3, $4, $5)
+-- Claims for several owners at once (the group commit): the n-th operation claimed is the n-th owner's, see
+-- claims.sql. :batch_id NULL for any batch.
+SELECT {columns}
+FROM hg_claim_ready_for(:owners::text[], :lease_seconds::float8, :expired_reason, :batch_id, :hold_lead)
 
 -- name: claim_unknown_due
 WITH picked AS MATERIALIZED (
     SELECT id FROM operations
-    WHERE state = 'unknown' AND ($3::text IS NULL OR batch_id = $3)
+    WHERE state = 'unknown' AND (:batch_id::text IS NULL OR batch_id = :batch_id)
       AND (next_check_at IS NULL OR next_check_at <= {now})
       AND (lease_expires_at IS NULL OR lease_expires_at <= {now})
-    ORDER BY next_check_at NULLS FIRST, seq LIMIT $4
+    ORDER BY next_check_at NULLS FIRST, seq LIMIT :limit
     FOR UPDATE SKIP LOCKED),
 claimed AS (
-    UPDATE operations SET attempts = attempts + 1, lease_owner = $1,
-        lease_expires_at = {now} + $2::float8 * interval '1 second', updated_at = {now}
+    UPDATE operations SET attempts = attempts + 1, lease_owner = :owner,
+        lease_expires_at = {now} + :lease_seconds::float8 * interval '1 second', updated_at = {now}
     FROM picked WHERE operations.id = picked.id
     RETURNING operations.*)
 SELECT {columns} FROM claimed ORDER BY next_check_at NULLS FIRST, seq
 
 -- name: claim_unknown_by_id
-UPDATE operations SET attempts = attempts + 1, lease_owner = $1,
-    lease_expires_at = {now} + $2::float8 * interval '1 second', updated_at = {now}
-WHERE id = $4 AND state = 'unknown' AND ($3::text IS NULL OR batch_id = $3)
+UPDATE operations SET attempts = attempts + 1, lease_owner = :owner,
+    lease_expires_at = {now} + :lease_seconds::float8 * interval '1 second', updated_at = {now}
+WHERE id = :id AND state = 'unknown' AND (:batch_id::text IS NULL OR batch_id = :batch_id)
   AND (lease_expires_at IS NULL OR lease_expires_at <= {now})
 RETURNING {columns}
 
@@ -386,14 +416,14 @@ RETURNING {columns}
 WITH picked AS MATERIALIZED (
     SELECT id FROM operations
     WHERE state = 'accepted' AND provider_id IS NOT NULL
-      AND channel IN (SELECT jsonb_array_elements_text($2::jsonb))
-      AND (delivery_state IS NULL OR delivery_state NOT IN (SELECT jsonb_array_elements_text($3::jsonb)))
+      AND channel IN (SELECT jsonb_array_elements_text(:channels::jsonb))
+      AND (delivery_state IS NULL OR delivery_state NOT IN (SELECT jsonb_array_elements_text(:settled::jsonb)))
       AND (delivery_next_check_at IS NULL OR delivery_next_check_at <= {now})
-      AND COALESCE(first_sent_at, created_at) >= {now} - $4::float8 * interval '1 second'
-    ORDER BY delivery_next_check_at NULLS FIRST, created_at, seq LIMIT $5
+      AND COALESCE(first_sent_at, created_at) >= {now} - :max_age_seconds::float8 * interval '1 second'
+    ORDER BY delivery_next_check_at NULLS FIRST, created_at, seq LIMIT :limit
     FOR UPDATE SKIP LOCKED),
 claimed AS (
-    UPDATE operations SET delivery_next_check_at = {now} + $1::float8 * interval '1 second'
+    UPDATE operations SET delivery_next_check_at = {now} + :hold_seconds::float8 * interval '1 second'
     FROM picked WHERE operations.id = picked.id
     RETURNING operations.*)
 SELECT {columns} FROM claimed ORDER BY created_at, seq
@@ -404,128 +434,198 @@ SELECT {columns} FROM claimed ORDER BY created_at, seq
 
 -- name: sends_by_hour
 -- Each count is the sum of its shards (see migration 9).
-SELECT hour, state, delivery_state, sum(count) AS count FROM sends_by_hour WHERE hour >= to_timestamp($1)
+SELECT hour, state, delivery_state, sum(count) AS count FROM sends_by_hour WHERE hour >= to_timestamp(:since)
 GROUP BY hour, state, delivery_state HAVING sum(count) <> 0 ORDER BY hour
 
 -- name: count_in_state
-SELECT count(*) AS count FROM operations WHERE state = $1
+SELECT count(*) AS count FROM operations WHERE state = :state
 
 -- name: search_anchor
-SELECT extract(epoch FROM created_at) AS created_at, seq AS position, idempotency_key FROM operations WHERE id = $1
+SELECT extract(epoch FROM created_at) AS created_at, seq AS position, idempotency_key FROM operations WHERE id = :id
 
 -- name: search_by_key
 SELECT {columns} FROM operations
-WHERE idempotency_key COLLATE "C" >= $1::text AND idempotency_key COLLATE "C" < $2::text
-  AND ($3::text IS NULL OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = $3::text))
-  AND ($4::text IS NULL OR batch_id = $4::text)
-  AND ($5::text IS NULL OR campaign_id = $5::text)
-  AND ($6::text IS NULL OR state = $6::text)
-  AND ($7::float8 IS NULL OR created_at >= to_timestamp($7))
-  AND idempotency_key COLLATE "C" > $10::text AND $8::float8 IS NOT NULL AND $9::bigint IS NOT NULL
-ORDER BY idempotency_key COLLATE "C" LIMIT $11
+WHERE idempotency_key COLLATE "C" >= :key_low::text AND idempotency_key COLLATE "C" < :key_high::text
+  AND (:recipient::text IS NULL
+       OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = :recipient::text))
+  AND (:batch_id::text IS NULL OR batch_id = :batch_id::text)
+  AND (:campaign_id::text IS NULL OR campaign_id = :campaign_id::text)
+  AND (:state::text IS NULL OR state = :state::text)
+  AND (:since::float8 IS NULL OR created_at >= to_timestamp(:since))
+  AND idempotency_key COLLATE "C" > :after_key::text
+  AND :after_created_at::float8 IS NOT NULL AND :after_position::bigint IS NOT NULL
+ORDER BY idempotency_key COLLATE "C" LIMIT :limit
 
 -- name: search_by_recipient
 SELECT {columns} FROM operations
-WHERE ($1::text IS NULL OR (idempotency_key COLLATE "C" >= $1::text AND idempotency_key COLLATE "C" < $2::text))
-  AND id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = $3::text)
-  AND ($4::text IS NULL OR batch_id = $4::text)
-  AND ($5::text IS NULL OR campaign_id = $5::text)
-  AND ($6::text IS NULL OR state = $6::text)
-  AND ($7::float8 IS NULL OR created_at >= to_timestamp($7))
-  AND (created_at, seq) < (to_timestamp($8::float8), $9::bigint) AND $10::text IS NOT NULL
-ORDER BY created_at DESC, seq DESC LIMIT $11
+WHERE (:key_low::text IS NULL
+       OR (idempotency_key COLLATE "C" >= :key_low::text AND idempotency_key COLLATE "C" < :key_high::text))
+  AND id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = :recipient::text)
+  AND (:batch_id::text IS NULL OR batch_id = :batch_id::text)
+  AND (:campaign_id::text IS NULL OR campaign_id = :campaign_id::text)
+  AND (:state::text IS NULL OR state = :state::text)
+  AND (:since::float8 IS NULL OR created_at >= to_timestamp(:since))
+  AND (created_at, seq) < (to_timestamp(:after_created_at::float8), :after_position::bigint)
+  AND :after_key::text IS NOT NULL
+ORDER BY created_at DESC, seq DESC LIMIT :limit
 
 -- name: search_by_batch
 SELECT {columns} FROM operations
-WHERE ($1::text IS NULL OR (idempotency_key COLLATE "C" >= $1::text AND idempotency_key COLLATE "C" < $2::text))
-  AND ($3::text IS NULL OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = $3::text))
-  AND batch_id = $4::text
-  AND ($5::text IS NULL OR campaign_id = $5::text)
-  AND ($6::text IS NULL OR state = $6::text)
-  AND ($7::float8 IS NULL OR created_at >= to_timestamp($7))
-  AND (created_at, seq) < (to_timestamp($8::float8), $9::bigint) AND $10::text IS NOT NULL
-ORDER BY created_at DESC, seq DESC LIMIT $11
+WHERE (:key_low::text IS NULL
+       OR (idempotency_key COLLATE "C" >= :key_low::text AND idempotency_key COLLATE "C" < :key_high::text))
+  AND (:recipient::text IS NULL
+       OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = :recipient::text))
+  AND batch_id = :batch_id::text
+  AND (:campaign_id::text IS NULL OR campaign_id = :campaign_id::text)
+  AND (:state::text IS NULL OR state = :state::text)
+  AND (:since::float8 IS NULL OR created_at >= to_timestamp(:since))
+  AND (created_at, seq) < (to_timestamp(:after_created_at::float8), :after_position::bigint)
+  AND :after_key::text IS NOT NULL
+ORDER BY created_at DESC, seq DESC LIMIT :limit
 
 -- name: search_by_campaign
 SELECT {columns} FROM operations
-WHERE ($1::text IS NULL OR (idempotency_key COLLATE "C" >= $1::text AND idempotency_key COLLATE "C" < $2::text))
-  AND ($3::text IS NULL OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = $3::text))
-  AND ($4::text IS NULL OR batch_id = $4::text)
-  AND campaign_id = $5::text
-  AND ($6::text IS NULL OR state = $6::text)
-  AND ($7::float8 IS NULL OR created_at >= to_timestamp($7))
-  AND (created_at, seq) < (to_timestamp($8::float8), $9::bigint) AND $10::text IS NOT NULL
-ORDER BY created_at DESC, seq DESC LIMIT $11
+WHERE (:key_low::text IS NULL
+       OR (idempotency_key COLLATE "C" >= :key_low::text AND idempotency_key COLLATE "C" < :key_high::text))
+  AND (:recipient::text IS NULL
+       OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = :recipient::text))
+  AND (:batch_id::text IS NULL OR batch_id = :batch_id::text)
+  AND campaign_id = :campaign_id::text
+  AND (:state::text IS NULL OR state = :state::text)
+  AND (:since::float8 IS NULL OR created_at >= to_timestamp(:since))
+  AND (created_at, seq) < (to_timestamp(:after_created_at::float8), :after_position::bigint)
+  AND :after_key::text IS NOT NULL
+ORDER BY created_at DESC, seq DESC LIMIT :limit
 
 -- name: search_by_state
 SELECT {columns} FROM operations
-WHERE ($1::text IS NULL OR (idempotency_key COLLATE "C" >= $1::text AND idempotency_key COLLATE "C" < $2::text))
-  AND ($3::text IS NULL OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = $3::text))
-  AND ($4::text IS NULL OR batch_id = $4::text)
-  AND ($5::text IS NULL OR campaign_id = $5::text)
-  AND state = $6::text
-  AND ($7::float8 IS NULL OR created_at >= to_timestamp($7))
-  AND (created_at, seq) < (to_timestamp($8::float8), $9::bigint) AND $10::text IS NOT NULL
-ORDER BY created_at DESC, seq DESC LIMIT $11
+WHERE (:key_low::text IS NULL
+       OR (idempotency_key COLLATE "C" >= :key_low::text AND idempotency_key COLLATE "C" < :key_high::text))
+  AND (:recipient::text IS NULL
+       OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = :recipient::text))
+  AND (:batch_id::text IS NULL OR batch_id = :batch_id::text)
+  AND (:campaign_id::text IS NULL OR campaign_id = :campaign_id::text)
+  AND state = :state::text
+  AND (:since::float8 IS NULL OR created_at >= to_timestamp(:since))
+  AND (created_at, seq) < (to_timestamp(:after_created_at::float8), :after_position::bigint)
+  AND :after_key::text IS NOT NULL
+ORDER BY created_at DESC, seq DESC LIMIT :limit
 
 -- name: search_all
 SELECT {columns} FROM operations
-WHERE ($1::text IS NULL OR (idempotency_key COLLATE "C" >= $1::text AND idempotency_key COLLATE "C" < $2::text))
-  AND ($3::text IS NULL OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = $3::text))
-  AND ($4::text IS NULL OR batch_id = $4::text)
-  AND ($5::text IS NULL OR campaign_id = $5::text)
-  AND ($6::text IS NULL OR state = $6::text)
-  AND ($7::float8 IS NULL OR created_at >= to_timestamp($7))
-  AND (created_at, seq) < (to_timestamp($8::float8), $9::bigint) AND $10::text IS NOT NULL
-ORDER BY created_at DESC, seq DESC LIMIT $11
+WHERE (:key_low::text IS NULL
+       OR (idempotency_key COLLATE "C" >= :key_low::text AND idempotency_key COLLATE "C" < :key_high::text))
+  AND (:recipient::text IS NULL
+       OR id IN (SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = :recipient::text))
+  AND (:batch_id::text IS NULL OR batch_id = :batch_id::text)
+  AND (:campaign_id::text IS NULL OR campaign_id = :campaign_id::text)
+  AND (:state::text IS NULL OR state = :state::text)
+  AND (:since::float8 IS NULL OR created_at >= to_timestamp(:since))
+  AND (created_at, seq) < (to_timestamp(:after_created_at::float8), :after_position::bigint)
+  AND :after_key::text IS NOT NULL
+ORDER BY created_at DESC, seq DESC LIMIT :limit
 
 -- name: unsent_in_batch
-SELECT id, state FROM operations WHERE batch_id = $1 AND state IN {cancellable} ORDER BY created_at, seq FOR UPDATE
+SELECT id, state FROM operations WHERE batch_id = :batch_id AND state IN {cancellable} ORDER BY created_at, seq
+FOR UPDATE
 
 -- name: search_suppressions
 SELECT recipient, channel, reason, source, created_at FROM suppressions
-WHERE recipient COLLATE "C" >= $1::text AND recipient COLLATE "C" < $2::text AND (recipient COLLATE "C", channel COLLATE "C") > ($3::text, $4::text)
-ORDER BY recipient COLLATE "C", channel COLLATE "C" LIMIT $5
+WHERE recipient COLLATE "C" >= :low::text AND recipient COLLATE "C" < :high::text
+  AND (recipient COLLATE "C", channel COLLATE "C") > (:after_recipient::text, :after_channel::text)
+ORDER BY recipient COLLATE "C", channel COLLATE "C" LIMIT :limit
 
 -- name: opt_out_cancelled
 SELECT {columns} FROM operations
 WHERE id IN (
-    SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = $1::text
+    SELECT operation_id FROM operation_recipients WHERE recipient COLLATE "C" = :recipient::text
     UNION
     SELECT operation_id FROM operation_recipients
-    WHERE recipient COLLATE "C" >= $2::text AND recipient COLLATE "C" < $3::text AND recipient LIKE $4::text)
-  AND state = 'cancelled' AND NOT may_have_left AND cancel_reason LIKE $5 AND ($6::text = 'all' OR channel = $6::text)
-ORDER BY updated_at DESC LIMIT $7
+    WHERE recipient COLLATE "C" >= :sub_low::text AND recipient COLLATE "C" < :sub_high::text
+      AND recipient LIKE :sub_like::text)
+  AND state = 'cancelled' AND NOT may_have_left AND cancel_reason LIKE :cancel_like
+  AND (:channel::text = 'all' OR channel = :channel::text)
+ORDER BY updated_at DESC LIMIT :limit
 
 -- name: remember_tool_definition
-INSERT INTO upstream_tool_definitions (fingerprint, definition) VALUES ($1, $2) ON CONFLICT DO NOTHING
+INSERT INTO upstream_tool_definitions (fingerprint, definition) VALUES (:fingerprint, :definition)
+ON CONFLICT DO NOTHING
 
 -- name: start_session
 INSERT INTO console_sessions (digest, name, created_at, expires_at)
-VALUES ($1, $2, {now}, {now} + $3::float8 * interval '1 second')
+VALUES (:digest, :name, {now}, {now} + :seconds::float8 * interval '1 second')
 
 -- name: forget_sessions
 DELETE FROM console_sessions WHERE expires_at <= {now}
 
 -- name: find_session
-SELECT name, created_at, expires_at FROM console_sessions WHERE digest = $1 AND expires_at > {now}
+SELECT name, created_at, expires_at FROM console_sessions WHERE digest = :digest AND expires_at > {now}
 
 -- name: end_session
-DELETE FROM console_sessions WHERE digest = $1
+DELETE FROM console_sessions WHERE digest = :digest
 
 -- name: record_heartbeat
-INSERT INTO heartbeats (id, who, role, batch_id, started_at, seen_at) VALUES ($1, $2, $3, $4, {now}, {now})
+INSERT INTO heartbeats (id, who, role, batch_id, started_at, seen_at)
+VALUES (:id, :who, :role, :batch_id, {now}, {now})
 ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at
 
 -- name: forget_heartbeats
-DELETE FROM heartbeats WHERE seen_at < {now} - $1::float8 * interval '1 second'
+DELETE FROM heartbeats WHERE seen_at < {now} - :silent_seconds::float8 * interval '1 second'
 
 -- name: end_heartbeat
-DELETE FROM heartbeats WHERE id = $1
+DELETE FROM heartbeats WHERE id = :id
 
 -- name: heartbeats
 SELECT id, who, role, batch_id, started_at, seen_at FROM heartbeats ORDER BY started_at, id
 
 -- name: tool_definitions
 SELECT fingerprint, definition FROM upstream_tool_definitions
-WHERE fingerprint IN (SELECT jsonb_array_elements_text($1::jsonb))
+WHERE fingerprint IN (SELECT jsonb_array_elements_text(:fingerprints::jsonb))
+
+-- ---------------------------------------------------------------------------------------------------
+-- Migrating (hail_guard/ledger/postgres.py `migrate`), in one transaction under an advisory lock.
+
+-- name: lock_migrations
+SELECT pg_advisory_xact_lock(:lock)
+
+-- name: record_version
+INSERT INTO hail_guard_schema_version (version) VALUES (:version)
+
+-- name: record_function
+INSERT INTO hail_guard_functions (name, checksum) VALUES (:name, :checksum)
+ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum
+
+-- The migrations' backfills (hail_guard/ledger/backfill.py), in the transaction of the migration that needs them
+-- (versions 8 and 11), on the tables as that version left them.
+
+-- name: backfill_facts_rows
+SELECT id, tool, channel, request FROM operations ORDER BY seq
+
+-- name: backfill_facts
+UPDATE operations SET recipients = :recipients::jsonb,
+    recipient_keys = ARRAY(SELECT jsonb_array_elements_text(:recipient_keys::jsonb)),
+    content_fingerprint = :content_fingerprint, sender = :sender::jsonb
+WHERE id = :id
+
+-- name: backfill_keys_rows
+SELECT id, channel, recipients, request, content_fingerprint FROM operations ORDER BY seq
+
+-- name: backfill_keys
+UPDATE operations SET recipients = :recipients::jsonb,
+    recipient_keys = ARRAY(SELECT jsonb_array_elements_text(:recipient_keys::jsonb)), lead = :lead
+WHERE id = :id
+
+-- name: backfill_recipient
+INSERT INTO operation_recipients (operation_id, recipient, content_fingerprint)
+VALUES (:operation_id, :recipient, :content_fingerprint)
+
+-- name: backfill_opt_outs
+SELECT recipient, channel FROM suppressions ORDER BY created_at
+
+-- name: backfill_opt_out_key
+-- Nothing when another opt-out already reads :key on its channel: that one is kept, and this one dropped next.
+UPDATE suppressions SET recipient = :key WHERE recipient = :recipient AND channel = :channel
+  AND NOT EXISTS (SELECT 1 FROM suppressions WHERE recipient = :key AND channel = :channel)
+
+-- name: backfill_drop_opt_out
+DELETE FROM suppressions WHERE recipient = :recipient AND channel = :channel
