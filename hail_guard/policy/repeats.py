@@ -50,17 +50,22 @@ def refusal(intent: Intent, verdict: Verdict, position: int | None = None) -> Pr
     """Why a send was not recorded, naming the operation in its way and the one safe step."""
     earlier = verdict.operation
     assert earlier is not None
-    where = f"send {position}: " if position is not None else ""
-    step = sentence(next_step(earlier))
     if verdict.finding is Finding.HELD:
+        where = f"send {position}: " if position is not None else ""
         return Held(f"{where}{_held(intent, earlier)}", operation_id=earlier.id)
+    if position is None:
+        nothing, after = "Nothing was sent", ""
+    else:  # a batch being planned
+        nothing, after = "Nothing was planned", f" Leave send {position} out of the batch."
+    step = sentence(next_step(earlier))
     if verdict.finding is Finding.SECOND_COPY:
-        said = f"a second copy cannot be sent yet: {_has_it(earlier, intent)}. Nothing was sent. {step}."
+        said = f"a second copy cannot be sent yet: {_has_it(earlier, intent)}. {nothing}. {step}."
     elif verdict.finding is Finding.NEAR:
-        said = f"{_near(earlier, intent, verdict.similarity or 0.0)}. Nothing was sent. {step}."
+        said = f"{_near(earlier, intent, verdict.similarity or 0.0)}. {nothing}. {step}."
     else:
-        said = f"{_has_it(earlier, intent)}. Nothing was sent. {step}. {_the_others(earlier, intent)}"
-    return ProbableDuplicate(f"{where}{said}", operation_id=earlier.id)
+        said = f"{_has_it(earlier, intent)}. {nothing}. {step}. {_the_others(earlier, intent)}"
+    where = f"send {position}: " if position is not None else ""
+    return ProbableDuplicate(f"{where}{said}{after}", operation_id=earlier.id)
 
 
 def already_planned(intent: Intent, found: Candidates, rules: Rules, position: int) -> ProbableDuplicate | Held:

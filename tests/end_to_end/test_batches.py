@@ -337,6 +337,31 @@ async def test_a_batch_that_repeats_or_overlaps_a_live_message_is_refused_whole_
         assert [op.id for op in await harness.ledger.list_operations()] == [operation_id]
 
 
+async def test_a_campaign_planned_again_with_its_text_reworded_is_refused_for_a_lead_who_has_it(
+    tmp_path: Path,
+) -> None:
+    """A paraphrase of what a lead already has is refused at planning as a send made alone would be, and the
+    refusal says the batch was not planned (not that a send was not sent) and which send to leave out."""
+    async with open_harness(tmp_path) as harness:
+        sent = await harness.call("send_email", campaign_email(1))
+        operation_id = data(sent)["hail_guard"]["operation_id"]
+        reworded = campaign_email(
+            1,
+            body_text="Our spring offer: 20% off every plan until May!",
+            metadata={"campaign_id": "spring", "lead_id": "lead001", "message_id": "offer-reworded"},
+        )
+        batch = [{"tool": "send_email", "arguments": campaign_email(7)}, {"tool": "send_email", "arguments": reworded}]
+        result = await harness.call("plan_batch", {"sends": batch})
+        assert result.is_error
+        said = text(result)
+        assert said.startswith("send 2: probably a duplicate: lead1@example.com already has a message"), said
+        assert f"(operation {operation_id} is accepted by" in said
+        assert "Nothing was planned." in said and "Nothing was sent" not in said
+        assert said.endswith("Leave send 2 out of the batch."), said
+        assert [op.id for op in await harness.ledger.list_operations()] == [operation_id]
+        assert len(harness.sandbox.outbox) == 1
+
+
 @pytest.mark.parametrize(
     ("changes", "said"),
     [
