@@ -356,7 +356,8 @@ async def test_a_campaign_planned_again_with_its_text_reworded_is_refused_for_a_
         said = text(result)
         assert said.startswith("send 2: probably a duplicate: lead1@example.com already has a message"), said
         assert f"(operation {operation_id} is accepted by" in said
-        assert "Nothing was planned." in said and "Nothing was sent" not in said
+        assert "Nothing was planned." in said
+        assert "Nothing was sent" not in said
         assert said.endswith("Leave send 2 out of the batch."), said
         assert [op.id for op in await harness.ledger.list_operations()] == [operation_id]
         assert len(harness.sandbox.outbox) == 1
