@@ -86,15 +86,21 @@ class Batches:
         """Record every send as its own operation; nothing is sent. Returns the batch id."""
         batch_id = f"batch-{uuid.uuid4().hex[:12]}"
         state = State.PLANNED if self.require_approval else State.READY
+        repeats = _Repeats()
         count = await self._ledger.plan_batch(
-            batch_id=batch_id, name=name, intents=self._intents(sends), state=state, actor=actor, rules=self.guard.rules
+            batch_id=batch_id,
+            name=name,
+            intents=self._intents(sends, repeats),
+            state=state,
+            actor=actor,
+            rules=self.guard.rules,
+            where=repeats.where,
         )
         log.info("batch_planned", batch_id=batch_id, sends=count, state=state)
         return batch_id
 
-    def _intents(self, sends: Iterable[PlannedSend]) -> Iterator[Intent]:
+    def _intents(self, sends: Iterable[PlannedSend], repeats: _Repeats) -> Iterator[Intent]:
         """Each send's intent, in order; refused (`BadInput`, `RefusedByPolicy`) at the first bad send or repeat."""
-        repeats = _Repeats()
         for send in sends:
             intent = self._intent(send)
             repeats.check(send, intent)
@@ -251,12 +257,19 @@ class _Repeats:
     def __init__(self) -> None:
         self._keys: dict[bytes, str] = {}
         self._messages: dict[bytes, tuple[tuple[str, str], ...]] = {}
+        self._wheres: list[str] = []
+        """Each send's name (`send 3`, `line 4`), by position: the ledger's refusals name sends by it."""
 
     @property
     def empty(self) -> bool:
-        return not self._keys
+        return not self._wheres
+
+    def where(self, position: int) -> str:
+        """The send at `position` (from 1) as its batch names it (`ledger.Where`)."""
+        return self._wheres[position - 1]
 
     def check(self, send: PlannedSend, intent: Intent) -> None:
+        self._wheres.append(send.where)
         key = _digest(intent.idempotency_key)
         if key in self._keys:
             said = f"the same key ({intent.idempotency_key!r}); give each send its own metadata ids or key"

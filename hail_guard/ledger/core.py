@@ -26,6 +26,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 from hail_guard import delivery, lifecycle, policy, recipients
 from hail_guard.errors import BadInput, NotFound
 from hail_guard.ledger.params import Params, hold_args, intent_values, match_args
+from hail_guard.ledger.roles import Plan, Where, send_at
 from hail_guard.models import (
     BatchStatus,
     DeliveryEvent,
@@ -128,9 +129,7 @@ class LedgerCore(ABC):
         """Expire lapsed leases, then claim the `unknown` operation asked for, or up to `limit` that are due."""
 
     @abstractmethod
-    async def _plan_batch(
-        self, batch_id: str, name: str | None, intents: Iterable[Intent], state: State, actor: str, rules: Rules
-    ) -> int:
+    async def _plan_batch(self, intents: Iterable[Intent], plan: Plan) -> int:
         """Stage the intents (`stage_rows`), then check and copy them in one transaction (`plan_staged`)."""
 
     async def claim_unknown(
@@ -153,8 +152,9 @@ class LedgerCore(ABC):
         state: State,
         actor: str,
         rules: Rules = DEFAULT_RULES,
+        where: Where = send_at,
     ) -> int:
-        return await self._plan_batch(batch_id, name, intents, state, actor, rules)
+        return await self._plan_batch(intents, Plan(batch_id, name, state, actor, rules, where))
 
     async def now(self) -> datetime:
         return await self._read(_now)

@@ -17,7 +17,8 @@ from hail_guard import policy
 from hail_guard.errors import RefusedByPolicy
 from hail_guard.ledger.core import Tx, cancel_opted_out, operation_of
 from hail_guard.ledger.params import Params, intent_values, match_args
-from hail_guard.models import Intent, State
+from hail_guard.ledger.roles import Plan, Where
+from hail_guard.models import Intent
 from hail_guard.same_send import Candidates, Rules
 
 PLAN_CHUNK = 500
@@ -56,30 +57,30 @@ def stage_rows(chunk: Sequence[Intent], *, first: int) -> list[Params]:
     return rows
 
 
-async def plan_staged(
-    tx: Tx, batch_id: str, name: str | None, state: State, actor: str, rules: Rules, staged: int
-) -> None:
-    """The `staged` sends checked against the ledger and copied into it (the caller holds one transaction)."""
-    await tx.run("insert_batch", batch_id=batch_id, name=name, created_by=actor)
-    await _refuse_known_keys(tx)
-    await _refuse_repeats(tx, rules)
-    await _refuse_near(tx, rules, staged)
-    await tx.run("plan_staged", batch_id=batch_id, state=state.value)
+async def plan_staged(tx: Tx, plan: Plan, staged: int) -> None:
+    """The `staged` sends checked against the ledger and copied into it (the caller holds one transaction); a
+    refusal names a send as `plan.where` says."""
+    batch_id, state, actor = plan.batch_id, plan.state.value, plan.actor
+    await tx.run("insert_batch", batch_id=batch_id, name=plan.name, created_by=actor)
+    await _refuse_known_keys(tx, plan.where)
+    await _refuse_repeats(tx, plan.rules, plan.where)
+    await _refuse_near(tx, plan.rules, staged, plan.where)
+    await tx.run("plan_staged", batch_id=batch_id, state=state)
     await tx.run("plan_staged_recipients")
-    await tx.run("plan_staged_events", state=state.value, actor=actor, reason=f"planned in batch {batch_id}")
+    await tx.run("plan_staged_events", state=state, actor=actor, reason=f"planned in batch {batch_id}")
     await cancel_opted_out(tx, actor, "the recipient opted out before the send", batch_id)
 
 
-async def _refuse_known_keys(tx: Tx) -> None:
+async def _refuse_known_keys(tx: Tx, where: Where) -> None:
     rows = await tx.rows("staged_known_keys")
     if rows:
         named = "; ".join(
-            f"send {row['position']} (key {row['idempotency_key']!r} is operation {row['id']})" for row in rows
+            f"{where(row['position'])} (key {row['idempotency_key']!r} is operation {row['id']})" for row in rows
         )
         raise RefusedByPolicy(f"{rows[0]['taken']} send(s) already exist in the ledger: {named}; nothing was planned")
 
 
-async def _refuse_repeats(tx: Tx, rules: Rules) -> None:
+async def _refuse_repeats(tx: Tx, rules: Rules, where: Where) -> None:
     """The first staged send whose message the ledger already carries for one of its recipients is refused (a
     recipient's unresolved send holds a planned one when it is claimed, not here)."""
     for allow_duplicate in (False, True):
@@ -96,10 +97,10 @@ async def _refuse_repeats(tx: Tx, rules: Rules) -> None:
             continue
         intent = await _staged_intent(tx, found["position"])
         matches = [operation_of(row) for row in await tx.rows("matches", **match_args(intent, rules))]
-        raise policy.already_planned(intent, Candidates(matches=matches), rules, found["position"])
+        raise policy.already_planned(intent, Candidates(matches=matches), rules, where(found["position"]))
 
 
-async def _refuse_near(tx: Tx, rules: Rules, staged: int) -> None:
+async def _refuse_near(tx: Tx, rules: Rules, staged: int, where: Where) -> None:
     """The first staged send whose text is near one a recipient has on its channel (`same_send.judge`, by similarity)
     is refused, as a send made alone would be: a campaign planned again with its text reworded. A page of the stage
     at a time; only sends to recipients who have other messages are compared."""
@@ -113,7 +114,7 @@ async def _refuse_near(tx: Tx, rules: Rules, staged: int) -> None:
             pairs = list(group)
             intent = await _staged_intent(tx, position)
             intent = intent.model_copy(update={"text": _message(rules, pairs[0]["staged_tool"], intent.request)})
-            policy.decide(intent, Candidates(near=[operation_of(row) for row in pairs]), rules, position)
+            policy.decide(intent, Candidates(near=[operation_of(row) for row in pairs]), rules, where(position))
 
 
 def _message(rules: Rules, tool: str, request: str) -> str:

@@ -47,7 +47,7 @@ from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, Row, Work
 from hail_guard.ledger.params import Params
 from hail_guard.ledger.postgres_errors import describe, errors_mapped
 from hail_guard.ledger.postgres_group import GroupCommit, Job, Tx, bound, record_outcomes
-from hail_guard.ledger.roles import Begin
+from hail_guard.ledger.roles import Begin, Plan
 from hail_guard.models import Intent, Operation, Outcome, State
 from hail_guard.same_send import Candidates, Rules
 
@@ -192,9 +192,7 @@ class PostgresLedger(reads.OperatorReads):
             rows = await db.fetch(*bound("claim_delivery_checks", **wanted))
         return [core.operation_of(row) for row in rows]
 
-    async def _plan_batch(
-        self, batch_id: str, name: str | None, intents: Iterable[Intent], state: State, actor: str, rules: Rules
-    ) -> int:
+    async def _plan_batch(self, intents: Iterable[Intent], plan: Plan) -> int:
         """One transaction: the sends are staged a chunk at a time in a temporary table (nothing of the ledger is
         locked while `intents` is read, which may take long and may raise), then checked against the ledger and
         copied into it. Any error anywhere rolls it all back."""
@@ -210,7 +208,7 @@ class PostgresLedger(reads.OperatorReads):
                     staged += len(chunk)
                 if subjects:  # sends to these recipients wait for this plan: its checks see them, theirs see it
                     await tx.run("lock_recipients", subjects=sorted(subjects))
-                await planning.plan_staged(tx, batch_id, name, state, actor, rules, staged)
+                await planning.plan_staged(tx, plan, staged)
         except _IntentsRaised as raised:
             raise raised.error from raised.error.__cause__  # the caller's own error, not the ledger's
         return staged

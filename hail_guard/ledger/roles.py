@@ -9,7 +9,7 @@ contract suite runs over both. The values the roles pass that are the ledger's o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -32,6 +32,26 @@ from hail_guard.models import (
     WebhookOutcome,
 )
 from hail_guard.same_send import Candidates, Rules
+
+Where = Callable[[int], str]
+"""How a batch names its send at a position (from 1) in a refusal: `send 3`, or a file's `line 4`."""
+
+
+def send_at(position: int) -> str:
+    """A send named by its position in the batch (`plan_batch`'s default `where`)."""
+    return f"send {position}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A batch being planned, as `plan_batch` was asked: what each backend's planning is given beside the sends."""
+
+    batch_id: str
+    name: str | None
+    state: State
+    actor: str
+    rules: Rules
+    where: Where
 
 
 @dataclass(frozen=True)
@@ -153,12 +173,14 @@ class Batching(Records, Protocol):
         state: State,
         actor: str,
         rules: Rules = ...,
+        where: Where = ...,
     ) -> int:
         """Record a whole batch (`planned` or `ready`) or nothing; returns how many sends it holds.
 
         `intents` is read once, a chunk at a time (it may be a generator over a large file, and may raise
         `BadInput` part-way: then nothing is planned). Refused when a key is already in the ledger, or when a
-        send repeats a message a recipient has (`same_send`); sends to opted-out recipients start `cancelled`.
+        send repeats a message a recipient has (`same_send`), naming the send as `where` does (`send_at`: its
+        position); sends to opted-out recipients start `cancelled`.
         A recipient's unresolved send does not refuse a plan: it holds the planned send when it is claimed."""
 
     async def approve_batch(self, batch_id: str, *, actor: str) -> int:

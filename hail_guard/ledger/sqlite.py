@@ -40,7 +40,7 @@ from hail_guard.errors import HailGuardError, LeaseLost, LedgerUnavailable
 from hail_guard.ledger import backfill, core, params, planning, reads, sql
 from hail_guard.ledger.core import DEFAULT_RULES, LEASE_EXPIRED, Row, Tx, Work, must_row
 from hail_guard.ledger.params import Params
-from hail_guard.ledger.roles import Begin
+from hail_guard.ledger.roles import Begin, Plan
 from hail_guard.ledger.sqlite_file import (
     backup_file,
     create_private,
@@ -266,9 +266,7 @@ class SqliteLedger(reads.OperatorReads):
         wanted = params.delivery_check_args(channels, max_age_seconds, hold_seconds, limit)
         return await self._grouped(_operations, "claim_delivery_checks", wanted)
 
-    async def _plan_batch(
-        self, batch_id: str, name: str | None, intents: Iterable[Intent], state: State, actor: str, rules: Rules
-    ) -> int:
+    async def _plan_batch(self, intents: Iterable[Intent], plan: Plan) -> int:
         """On a connection of its own: staged a chunk per trip in a temporary table (no lock on the ledger, so
         other processes keep sending while a large file is read and checked), then checked against the ledger
         and copied into it in one short transaction."""
@@ -282,7 +280,7 @@ class SqliteLedger(reads.OperatorReads):
                     staged += len(chunk)
                 await db.execute("BEGIN IMMEDIATE")
                 try:
-                    await planning.plan_staged(tx, batch_id, name, state, actor, rules, staged)
+                    await planning.plan_staged(tx, plan, staged)
                 except BaseException:
                     with anyio.CancelScope(shield=True):
                         await db.execute("ROLLBACK")

@@ -35,47 +35,54 @@ def suppressed_refusal(recipients: Sequence[str], channel: str) -> Suppressed:
     )
 
 
-def decide(intent: Intent, found: Candidates, rules: Rules, position: int | None = None) -> Operation | None:
+def decide(intent: Intent, found: Candidates, rules: Rules, where: str | None = None) -> Operation | None:
     """What the ledger does with a send whose key is new: None to record it, the operation to answer from
-    (the same message to the same people), or a refusal raised (`same_send.judge` decides)."""
+    (the same message to the same people), or a refusal raised (`same_send.judge` decides). `where` names a
+    batch's send being planned (`send 3`, `line 4`)."""
     verdict = same_send.judge(intent, intent.text, found, rules)
     if verdict.finding is Finding.NEW:
         return None
     if verdict.finding is Finding.SAME:
         return verdict.operation
-    raise refusal(intent, verdict, position)
+    raise refusal(intent, verdict, where)
 
 
-def refusal(intent: Intent, verdict: Verdict, position: int | None = None) -> ProbableDuplicate | Held:
-    """Why a send was not recorded, naming the operation in its way and the one safe step."""
+def refusal(intent: Intent, verdict: Verdict, where: str | None = None) -> ProbableDuplicate | Held:
+    """Why a send was not recorded, naming the operation in its way and the one safe step: for a batch's send
+    being planned (`where`), leaving that send out (the earlier operation's own step is not this batch's)."""
     earlier = verdict.operation
     assert earlier is not None
     if verdict.finding is Finding.HELD:
-        where = f"send {position}: " if position is not None else ""
-        return Held(f"{where}{_held(intent, earlier)}", operation_id=earlier.id)
-    if position is None:
-        nothing, after = "Nothing was sent", ""
-    else:  # a batch being planned
-        nothing, after = "Nothing was planned", f" Leave send {position} out of the batch."
-    step = sentence(next_step(earlier))
+        return Held(f"{where + ': ' if where else ''}{_held(intent, earlier)}", operation_id=earlier.id)
     if verdict.finding is Finding.SECOND_COPY:
-        said = f"a second copy cannot be sent yet: {_has_it(earlier, intent)}. {nothing}. {step}."
+        found = f"a second copy cannot be sent yet: {_has_it(earlier, intent)}"
     elif verdict.finding is Finding.NEAR:
-        said = f"{_near(earlier, intent, verdict.similarity or 0.0)}. {nothing}. {step}."
+        found = _near(earlier, intent, verdict.similarity or 0.0)
     else:
-        said = f"{_has_it(earlier, intent)}. {nothing}. {step}. {_the_others(earlier, intent)}"
-    where = f"send {position}: " if position is not None else ""
-    return ProbableDuplicate(f"{where}{said}{after}", operation_id=earlier.id)
+        found = _has_it(earlier, intent)
+    if where is not None:
+        return ProbableDuplicate(f"{where}: {found}. {_leave_out(where, earlier, intent)}", operation_id=earlier.id)
+    said = f"{found}. Nothing was sent. {sentence(next_step(earlier))}."
+    if verdict.finding is Finding.OVERLAP:
+        said += f" {_the_others(earlier, intent)}"
+    return ProbableDuplicate(said, operation_id=earlier.id)
 
 
-def already_planned(intent: Intent, found: Candidates, rules: Rules, position: int) -> ProbableDuplicate | Held:
-    """The refusal of a batch whose send `position` the ledger already has (planning refuses rather than answers)."""
-    earlier = decide(intent, found, rules, position)  # an overlap or a near-same message is refused there
+def already_planned(intent: Intent, found: Candidates, rules: Rules, where: str) -> ProbableDuplicate | Held:
+    """The refusal of a batch whose send (`where`) the ledger already has (planning refuses rather than answers)."""
+    earlier = decide(intent, found, rules, where)  # an overlap or a near-same message is refused there
     assert earlier is not None
     return ProbableDuplicate(
-        f"send {position}: {_has_it(earlier, intent)}. Nothing was planned. Leave send {position} out of the batch",
-        operation_id=earlier.id,
+        f"{where}: {_has_it(earlier, intent)}. {_leave_out(where, earlier, intent)}", operation_id=earlier.id
     )
+
+
+def _leave_out(where: str, earlier: Operation, intent: Intent) -> str:
+    """The one step for a batch refused at planning: leave the send out, or give it only the others it names."""
+    shared = set(_shared(earlier, intent))
+    others = [recipient for recipient in intent.recipients if recipient not in shared]
+    instead = f", or give it only the others ({', '.join(others)})" if others else ""
+    return f"Nothing was planned. Leave {where} out of the batch{instead}."
 
 
 def _shared(earlier: Operation, intent: Intent) -> list[str]:

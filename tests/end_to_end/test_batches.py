@@ -322,7 +322,7 @@ async def test_a_batch_that_repeats_or_overlaps_a_live_message_is_refused_whole_
             (campaign_email(1, metadata=regenerated), "Nothing was planned. Leave send 2 out of the batch"),
             (
                 campaign_email(1, to=["lead1@example.com", "new@example.com"], metadata=regenerated),
-                "Sending it to the others alone (new@example.com) is fine.",
+                "Nothing was planned. Leave send 2 out of the batch, or give it only the others (new@example.com).",
             ),
         )
         for repeat, step in repeats:

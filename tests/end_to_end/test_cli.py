@@ -232,6 +232,29 @@ def test_the_docs_csv_example_plans_and_every_row_is_accepted(
     assert sorted(entry["tool"] for entry in sent) == ["send_email", "send_sms"]
 
 
+def test_a_batch_file_refused_by_the_ledger_names_the_send_by_its_line(
+    sandbox_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The ledger checks the sends by their position in the batch; the operator reads a file by its lines (a CSV's
+    header is line 1), so the refusal names the line to leave out."""
+    header = "tool,to,subject,body_text,recipient_consent,metadata.campaign_id,metadata.lead_id,metadata.message_id\n"
+    first = tmp_path / "first.csv"
+    first.write_text(header + "send_email,ada@example.com,Spring,Our spring offer.,true,spring,ada,offer\n")
+    planned = json.loads(run(capsys, "batch", "plan", str(first))[1])
+    assert run(capsys, "batch", "run", planned["batch_id"])[0] == 0
+    again = tmp_path / "again.csv"
+    again.write_text(
+        header
+        + "send_email,bob@example.com,Spring,Our spring offer.,true,spring,bob,offer\n"
+        + "send_email,ada@example.com,Spring,Our spring offer.,true,spring,ada,offer-again\n"
+    )
+    code, _, err = run(capsys, "batch", "plan", str(again))
+    assert code != 0
+    assert "line 3: ada@example.com already has this message" in err
+    assert "Leave line 3 out of the batch." in err
+    assert "send 2" not in err
+
+
 def test_batch_plan_names_the_next_command_for_a_batch_waiting_for_approval(
     config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

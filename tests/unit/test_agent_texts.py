@@ -116,6 +116,14 @@ def refusals() -> dict[str, tuple[str, Operation | None]]:
             str(policy.refusal(intent(), Verdict(Finding.NEAR, earlier, 0.93))),
             earlier,
         )
+        found[f"a batch paraphrasing {name}"] = (
+            str(policy.refusal(intent(), Verdict(Finding.NEAR, earlier, 0.93), "line 4")),
+            earlier,
+        )
+        found[f"a batch overlapping {name}"] = (
+            str(policy.refusal(intent(), Verdict(Finding.OVERLAP, earlier), "line 4")),
+            earlier,
+        )
         if earlier.state in same_send.HOLDING:
             found[f"a new send held by {name}"] = (
                 str(policy.refusal(intent(), Verdict(Finding.HELD, earlier))),
@@ -136,7 +144,9 @@ def refusals() -> dict[str, tuple[str, Operation | None]]:
         )
         found[f"a batch repeating {name}"] = (
             str(
-                policy.already_planned(intent(recipients=("ada@example.com",)), Candidates(matches=[earlier]), rules, 3)
+                policy.already_planned(
+                    intent(recipients=("ada@example.com",)), Candidates(matches=[earlier]), rules, "send 3"
+                )
             ),
             earlier,
         )
@@ -195,6 +205,8 @@ def test_an_answer_names_its_next_step_once(name: str) -> None:
     step = policy.next_step(earlier)
     if name.startswith("a batch repeating"):
         step = "leave send 3 out of the batch"  # the planner's step: the earlier operation is not the batch's
+    elif name.startswith("a batch "):
+        step = "leave line 4 out of the batch"  # a file's send, named by its line
     elif "review decision" in name or "Hail has" in answer:
         step = "hail-guard review"  # an operator's command
     assert answer.lower().count(step.lower()) == 1, answer
