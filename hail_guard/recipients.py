@@ -65,6 +65,11 @@ def normalise_recipient(text: str, channel: str | None = None, *, region: str | 
     return _normalised(text, channel, region)
 
 
+def forget_normal_forms() -> None:
+    """Empty the kept normal forms (tests: each reads its recipients afresh)."""
+    _normalised.cache_clear()
+
+
 @functools.lru_cache(maxsize=NORMALISED_KEPT)
 def _normalised(text: str, channel: str | None, region: str | None) -> str:
     """`normalise_recipient` of a text, kept: a send's recipients are read again for its keys, its opt-out

@@ -197,6 +197,11 @@ def keys_of_intent(intent: Intent) -> list[str]:
     return list(_keys(intent.recipients, intent.channel))
 
 
+def forget_recipient_keys() -> None:
+    """Empty the kept recipient keys (tests: each reads its recipients afresh)."""
+    _keys.cache_clear()
+
+
 @functools.lru_cache(maxsize=1024)
 def _keys(reached: tuple[str, ...], channel: str) -> tuple[str, ...]:
     return tuple(keys_of(reached, channel))  # read as `comparable` first: an intent may come from anywhere

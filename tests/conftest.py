@@ -13,6 +13,7 @@ from typing import Any, NoReturn, TypeVar
 import pytest
 from mcp import Client, types
 
+from hail_guard import recipients, same_send
 from hail_guard.app import Opened
 from hail_guard.guard import GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
@@ -32,6 +33,14 @@ E = TypeVar("E", bound=BaseException)
 def _all_log_levels() -> None:
     """Commands run in process reconfigure logging; every test starts from all levels again."""
     configure_logging("debug")
+
+
+@pytest.fixture(autouse=True)
+def _recipients_read_afresh() -> None:
+    """Every test reads its recipients afresh: a normal form another test left kept would answer without the code
+    that makes it running (mutation testing forks each mutant's run from a process whose caches are warm)."""
+    recipients.forget_normal_forms()
+    same_send.forget_recipient_keys()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
