@@ -77,11 +77,6 @@ def renormalised(channel: str, stored: list[str], request: str) -> Renormalised:
     return Renormalised(reached, recipients.keys_of(reached), lead)
 
 
-def opt_out_key(recipient: str, channel: str) -> str:
-    """What an opt-out is stored by now: the key of its recipient (`recipients.opt_out_key`)."""
-    return recipients.opt_out_key(recipient, channel)
-
-
 def facts_params(page: Sequence[Mapping[str, Any]]) -> tuple[list[Params], list[Params]]:
     """For rows of `backfill_facts_rows`: the parameters of `backfill_facts`, and of `backfill_recipient`."""
     updates: list[Params] = []
@@ -130,7 +125,7 @@ class Step:
 
 
 FACTS = Step("facts", facts_params, recipients.comparable)
-KEYS = Step("keys", keys_params, opt_out_key)
+KEYS = Step("keys", keys_params, recipients.opt_out_key)
 
 
 def pages(rows: Iterator[Any]) -> Iterator[list[Any]]:

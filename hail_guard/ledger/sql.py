@@ -86,7 +86,7 @@ _TOKEN = re.compile(
     r"|(?P<dollar>\$(?:[A-Za-z_]\w*)?\$).*?(?P=dollar)"  # a dollar-quoted string
     r"|::"  # a cast
     r"|:(?P<name>[A-Za-z_]\w*)"  # a parameter
-    r"|(?P<positional>[$?]\d+)",  # a positional parameter: refused
+    r"|(?P<positional>[$?]\d+|\?)",  # a positional parameter: refused (a bare `?` is a jsonb operator on PostgreSQL)
     re.DOTALL,
 )
 
@@ -142,7 +142,10 @@ def parsed(name: str, sql: str, dialect: str) -> Statement:
     mark = "$" if dialect == "postgres" else "?"
 
     def placeholder(found: re.Match[str]) -> str:
-        if found.group("positional") is not None:
+        positional = found.group("positional")
+        if positional == "?" and dialect == "postgres":
+            return positional
+        if positional is not None:
             raise ValueError(f"statement {name!r} uses {found.group(0)}: name its parameters (:name)")
         parameter = found.group("name")
         if parameter is None:

@@ -75,10 +75,18 @@ def test_dollar_quoted_text_is_not_read() -> None:
     assert statement.names == ("wanted",)
 
 
-@pytest.mark.parametrize(("dialect", "written"), [("postgres", "SELECT $1"), ("sqlite", "SELECT ?1")])
+@pytest.mark.parametrize(
+    ("dialect", "written"), [("postgres", "SELECT $1"), ("sqlite", "SELECT ?1"), ("sqlite", "SELECT ? + 1")]
+)
 def test_a_positional_parameter_is_refused_when_the_file_is_loaded(dialect: str, written: str) -> None:
-    with pytest.raises(ValueError, match=r"statement 'old_style' uses [$?]1: name its parameters"):
+    with pytest.raises(ValueError, match=r"statement 'old_style' uses [$?]1?: name its parameters"):
         sql.parsed("old_style", written, dialect)
+
+
+def test_a_question_mark_is_postgres_jsonb_operator_not_a_parameter() -> None:
+    statement = sql.parsed("has_key", "SELECT :doc::jsonb ? 'to'", "postgres")
+    assert statement.text == "SELECT $1::jsonb ? 'to'"
+    assert statement.names == ("doc",)
 
 
 @pytest.mark.parametrize("dialect", ["sqlite", "postgres"])

@@ -423,9 +423,6 @@ INSERT INTO hg_plan_stage (position, id, idempotency_key, tool, channel, recipie
 VALUES (:position, :id, :idempotency_key, :tool, :channel, :recipients, :recipient_keys, :request,
     :request_fingerprint, :content_fingerprint, :sender, :campaign_id, :lead_id, :message_id, :lead, :allow_duplicate)
 
--- name: drop_stage
-DROP TABLE IF EXISTS temp.hg_plan_stage
-
 -- name: staged_known_keys
 SELECT p.position, p.idempotency_key, o.id, COUNT(*) OVER () AS taken
 FROM hg_plan_stage p JOIN operations o ON o.idempotency_key = p.idempotency_key
@@ -480,9 +477,6 @@ SELECT p.id, r.value, p.content_fingerprint FROM hg_plan_stage p, json_each(p.re
 -- name: plan_staged_events
 INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
 SELECT id, {now}, NULL, :state, :actor, :reason FROM hg_plan_stage ORDER BY position
-
--- name: clear_stage
-DELETE FROM hg_plan_stage
 
 -- ---------------------------------------------------------------------------------------------------
 -- The operator console's reads (hail_guard.console): each walks an index (schema 7).
