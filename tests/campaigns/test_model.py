@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shutil
 import tempfile
 import uuid
@@ -88,14 +89,14 @@ COUNTS_AS_SENT = frozenset({State.PLANNED, State.READY, State.ACCEPTED})
 LIVE = frozenset(State) - {State.FAILED, State.CANCELLED}
 MAY_HAVE_REACHED = HOLDING | {State.ACCEPTED}
 REFUSALS = {
-    "key_conflict": "belongs to operation",
-    "opted_out": "opted out of email",
-    "held": "has an unsettled email send",
-    "near": "probably a duplicate",
-    "second_copy": "a second copy cannot be sent yet",
-    "batch_key_twice": "have the same key",
-    "batch_key_known": "already exist in the ledger",
-    "batch_repeat": "Nothing was planned. Leave send",
+    "key_conflict": re.compile(r"belongs to operation"),
+    "opted_out": re.compile(r"opted out of email"),
+    "held": re.compile(r"has an unsettled email send"),
+    "near": re.compile(r"probably a duplicate"),
+    "second_copy": re.compile(r"a second copy cannot be sent yet"),
+    "batch_key_twice": re.compile(r"have the same key"),
+    "batch_key_known": re.compile(r"already exist in the ledger"),
+    "batch_repeat": re.compile(r"^send \d+: \S+ already has this message: .* Nothing was planned\. Leave send"),
 }
 """Each named rule's refusal, by the words that say it (what the agent reads)."""
 
@@ -242,7 +243,7 @@ class Oracle:
 def refusal_of(result: types.CallToolResult) -> str | None:
     """The named rule an error answer gives (None: it is not a refusal)."""
     said_text = text(result)
-    found = [name for name, words in REFUSALS.items() if words in said_text]
+    found = [name for name, words in REFUSALS.items() if words.search(said_text)]
     assert len(found) <= 1, f"one refusal names several rules: {said_text}"
     event(f"refused: {found[0]}" if found else "not refused")
     return found[0] if found else None
