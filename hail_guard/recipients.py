@@ -108,10 +108,10 @@ def key_of(recipient: str) -> str:
     return recipient
 
 
-def opt_out_key(recipient: str, channel: str | None = None, *, region: str | None = None) -> str:
-    """What an opt-out of `recipient` is stored and probed by: its key, read as `comparable` (a webhook's sender that
-    cannot be read is kept as written)."""
-    return key_of(comparable(recipient, channel, region=region))
+def opt_out_key(recipient: str, channel: str) -> str:
+    """What an opt-out of `recipient` on `channel` is stored and probed by: its key, read as `comparable` (a
+    webhook's sender that cannot be read is kept as written)."""
+    return key_of(comparable(recipient, channel))
 
 
 def recipients_of(

@@ -301,6 +301,26 @@ async def test_one_message_twice_to_one_recipient_in_a_batch_is_refused_naming_b
         assert await harness.ledger.list_operations() == []
 
 
+async def test_two_messages_to_one_recipient_in_one_batch_are_two_sends(tmp_path: Path) -> None:
+    """The in-batch repeat check compares a recipient's messages: another text to the same lead is no repeat."""
+    async with open_harness(tmp_path) as harness:
+        two = [
+            {"tool": "send_email", "arguments": campaign_email(1)},
+            {
+                "tool": "send_email",
+                "arguments": campaign_email(
+                    1,
+                    subject="Webinar",
+                    body_text="Our webinar on delivery tracking starts on Thursday at ten.",
+                    metadata={"campaign_id": "spring", "lead_id": "lead001", "message_id": "webinar"},
+                ),
+            },
+        ]
+        result = await harness.call("plan_batch", {"sends": two})
+        assert not result.is_error, text(result)
+        assert len(await harness.ledger.list_operations(batch_id=data(result)["batch_id"])) == 2
+
+
 async def test_one_message_twice_to_one_recipient_from_other_senders_is_two_messages(tmp_path: Path) -> None:
     async with open_harness(tmp_path) as harness:
         twice = [
