@@ -17,7 +17,15 @@ from hail_guard.errors import Suppressed
 from hail_guard.guard import Guard, GuardSettings
 from hail_guard.ledger import Ledger, open_ledger
 from hail_guard.models import Intent, Suppression
-from hail_guard.recipients import BadRecipient, comparable, key_of, keys_of, normalise_recipient, recipients_of
+from hail_guard.recipients import (
+    BadRecipient,
+    comparable,
+    key_of,
+    keys_of,
+    normalise_recipient,
+    opt_out_key,
+    recipients_of,
+)
 from hail_guard.sandbox.tools import input_schema
 from tests.conftest import data, open_harness, text
 from tests.postgres import PostgresServer
@@ -47,6 +55,16 @@ from tests.postgres import PostgresServer
 )
 def test_every_spelling_of_one_mailbox_or_number_has_one_normal_form(spelling: str, channel: str, normal: str) -> None:
     assert normalise_recipient(spelling, channel) == normal
+
+
+@pytest.mark.parametrize(
+    ("written", "channel", "key"),
+    [("+1 (415) 555-0100 ext. 2", "sms", "+14155550100"), ("+1-800-FLOWERS", "call", "+18003569377")],
+)
+def test_an_opt_out_is_keyed_as_its_channel_reads_the_recipient(written: str, channel: str, key: str) -> None:
+    """An operator's opt-out of a number written with an extension or letters blocks sends to that number: read as
+    a phone number because its channel is one, not guessed from the text."""
+    assert opt_out_key(written, channel) == key
 
 
 @pytest.mark.parametrize(
