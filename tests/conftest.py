@@ -44,16 +44,22 @@ def _recipients_read_afresh() -> None:
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-async def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Ledger]:
-    """Each backend in turn, on a fresh ledger (a new file; a new PostgreSQL database). After the test, every
-    event the ledger recorded must be a move of the state machine (`hail_guard.lifecycle`)."""
+async def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """Each backend in turn: the URL of a fresh ledger (a new file in `tmp_path`; a new PostgreSQL database) that
+    every process and connection of the test can share."""
     if request.param == "sqlite":
-        async with open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as opened:
-            yield opened
-            await _every_event_is_a_legal_move(opened)
+        yield f"sqlite:///{tmp_path / 'ledger.db'}"
         return
     server: PostgresServer = request.getfixturevalue("postgres_server")
-    async with server.database() as url, open_ledger(url) as opened:
+    async with server.database() as url:
+        yield url
+
+
+@pytest.fixture
+async def ledger(ledger_url: str) -> AsyncIterator[Ledger]:
+    """Each backend in turn, open on a fresh ledger (`ledger_url`). After the test, every event the ledger recorded
+    must be a move of the state machine (`hail_guard.lifecycle`)."""
+    async with open_ledger(ledger_url) as opened:
         yield opened
         await _every_event_is_a_legal_move(opened)
 

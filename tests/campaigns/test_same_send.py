@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import Counter
-from collections.abc import AsyncIterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -49,17 +48,6 @@ def campaign_send(n: int, **metadata: Any) -> dict[str, Any]:
 def view(result: Any) -> dict[str, Any]:
     found: dict[str, Any] = data(result)["hail_guard"]
     return found
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """A fresh ledger of each backend in turn."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'ledger.db'}"
-        return
-    server: PostgresServer = request.getfixturevalue("postgres_server")
-    async with server.database() as url:
-        yield url
 
 
 # --- 1. a campaign plans -----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import json
 import signal
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -36,7 +36,6 @@ from tests.conftest import email
 from tests.end_to_end.test_workers import HG
 from tests.ledger.test_ledger_contract import accepted_outcome
 from tests.ledger.test_ledger_contract import intent as contract_intent
-from tests.postgres import PostgresServer
 
 SKEW_HOURS = 6
 SKEWED_WORKER = """\
@@ -48,17 +47,6 @@ sys.exit(main(sys.argv[2:]))
 """`hail-guard ARGS...` with its Python clock moved `argv[1]` hours (and ticking)."""
 LEASE_SECONDS = 600.0
 ACCEPTED = Outcome(state=State.ACCEPTED, reason="Hail accepted it", provider_id="provider-1")
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """The URL of a fresh ledger that several workers share: a file, or a new PostgreSQL database."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'ledger.db'}"
-        return
-    server: PostgresServer = request.getfixturevalue("postgres_server")
-    async with server.database() as url:
-        yield url
 
 
 @contextmanager
@@ -94,8 +82,10 @@ async def begun(ledger: Ledger, name: str, owner: str, lease_seconds: float = LE
 
 
 @pytest.mark.parametrize("skew_hours", [SKEW_HOURS, -SKEW_HOURS], ids=["ahead", "behind"])
-async def test_a_worker_whose_clock_is_hours_off_neither_steals_nor_loses_leases(store: str, skew_hours: int) -> None:
-    async with open_ledger(store) as honest, open_ledger(store) as skewed:
+async def test_a_worker_whose_clock_is_hours_off_neither_steals_nor_loses_leases(
+    ledger_url: str, skew_hours: int
+) -> None:
+    async with open_ledger(ledger_url) as honest, open_ledger(ledger_url) as skewed:
         await begun(honest, "reconciling", "honest", lease_seconds=0)
         reconciling = await claimed_by_the_database_clock(
             honest, _one(honest.claim_unknown(owner="honest", lease_seconds=LEASE_SECONDS))
@@ -171,15 +161,15 @@ def logged_times(log: Path) -> list[datetime]:
 
 @pytest.mark.timeout(120)
 async def test_worker_processes_hours_ahead_and_behind_send_each_once_and_leave_a_live_lease_alone(
-    tmp_path: Path, store: str
+    tmp_path: Path, ledger_url: str
 ) -> None:
     sends = 16
     sandbox = Sandbox(faults=[parse_fault("send_email:*:delay:100")])  # sends overlap the other worker's passes
     async with anyio.create_task_group() as tg:
         url = await tg.start(serve_http, sandbox, "127.0.0.1", 0, None)
-        config = worker_config(tmp_path, store, url)
+        config = worker_config(tmp_path, ledger_url, url)
         batch_id = await plan_batch(tmp_path, config, sends)
-        async with open_ledger(store) as honest:
+        async with open_ledger(ledger_url) as honest:
             [held] = await honest.claim_ready(owner="honest", lease_seconds=LEASE_SECONDS, batch_id=batch_id)
             logs = {hours: tmp_path / f"worker{hours:+d}.log" for hours in (SKEW_HOURS, -SKEW_HOURS)}
             workers = [await start_skewed_worker(config, batch_id, hours, log) for hours, log in logs.items()]

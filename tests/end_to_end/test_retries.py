@@ -8,19 +8,16 @@ them ("A retry is recognised whatever the agent changes").
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 
 from hail_guard.models import State
 from hail_guard.recipients import comparable
 from hail_guard.sandbox import Sandbox
 from tests.campaigns.test_network_faults import on_first_send, open_rig
 from tests.conftest import data, open_harness, text
-from tests.postgres import PostgresServer
 from tests.tcp_faults import Fault
 
 ADA, BOB = "ada@example.com", "bob@example.com"
@@ -252,17 +249,6 @@ async def test_8_review_resend_sends_when_hail_has_no_such_message(tmp_path: Pat
         resent = data(await harness.call("review_resend", reason))
         assert resent["state"] == "accepted"
         assert delivered(harness.sandbox) == {ADA: 1, BOB: 1}
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """A fresh ledger of each backend in turn."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'ledger.db'}"
-        return
-    server: PostgresServer = request.getfixturevalue("postgres_server")
-    async with server.database() as url:
-        yield url
 
 
 async def test_form_only_retries_hold_on_both_ledgers(tmp_path: Path, ledger_url: str) -> None:

@@ -227,16 +227,6 @@ async def test_a_webhook_for_an_id_no_operation_has_is_kept_and_changes_no_other
     assert (shown["delivery_state"], shown["delivery_events"]) == (None, [])
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-async def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """Each backend in turn: a new SQLite file, a new PostgreSQL database."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'ledger.db'}"
-        return
-    async with request.getfixturevalue("postgres_server").database() as url:
-        yield url
-
-
 async def test_a_webhook_that_comes_before_reconcile_records_its_message_id_is_applied_by_the_reconcile(
     tmp_path: Path, ledger_url: str
 ) -> None:

@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,20 +16,8 @@ from anyio.abc import Process
 from hail_guard.ledger import open_ledger
 from hail_guard.models import State
 from tests.end_to_end.test_stdio import outbox_lines, running_sandbox
-from tests.postgres import PostgresServer
 
 HG = [sys.executable, "-m", "hail_guard"]
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def shared_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """The URL of a fresh ledger for every process of the test: a file in `tmp_path`, or a new database."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'ledger.db'}"
-        return
-    server: PostgresServer = request.getfixturevalue("postgres_server")
-    async with server.database() as url:
-        yield url
 
 
 def write_config(
@@ -93,19 +80,19 @@ async def stop(process: Process) -> int:
 
 @pytest.mark.timeout(300)  # 35 s to over 2 min on 2 shared cores: past the 60 s default
 @pytest.mark.parametrize(
-    ("shared_ledger", "sends"),
+    ("ledger_url", "sends"),
     [("sqlite", 1000), pytest.param("postgres", 2000, marks=pytest.mark.slow)],
-    indirect=["shared_ledger"],
+    indirect=["ledger_url"],
 )
 async def test_four_worker_processes_drain_a_batch_sending_each_operation_once(
-    tmp_path: Path, shared_ledger: str, sends: int
+    tmp_path: Path, ledger_url: str, sends: int
 ) -> None:
     async with running_sandbox(tmp_path) as (url, outbox):
-        config = write_config(tmp_path, shared_ledger, url)
+        config = write_config(tmp_path, ledger_url, url)
         batch_id = plan_batch(tmp_path, config, sends)
         workers = [await start_worker(config, batch_id, 4) for _ in range(4)]
         try:
-            await wait_for_batch(shared_ledger, batch_id, {State.ACCEPTED: sends}, seconds=240)
+            await wait_for_batch(ledger_url, batch_id, {State.ACCEPTED: sends}, seconds=240)
         finally:
             codes = [await stop(worker) for worker in workers]
         assert codes == [0, 0, 0, 0]
@@ -113,11 +100,9 @@ async def test_four_worker_processes_drain_a_batch_sending_each_operation_once(
         assert len(keys) == len(set(keys)) == sends
 
 
-async def test_a_killed_worker_is_recovered_after_its_lease_with_no_duplicate(
-    tmp_path: Path, shared_ledger: str
-) -> None:
+async def test_a_killed_worker_is_recovered_after_its_lease_with_no_duplicate(tmp_path: Path, ledger_url: str) -> None:
     async with running_sandbox(tmp_path, "send_email:5:hang_after_accept") as (url, outbox):
-        config = write_config(tmp_path, shared_ledger, url, lease_seconds=1.0)
+        config = write_config(tmp_path, ledger_url, url, lease_seconds=1.0)
         batch_id = plan_batch(tmp_path, config, 20)
         doomed = await start_worker(config, batch_id, 1)
         with anyio.fail_after(30):
@@ -127,23 +112,23 @@ async def test_a_killed_worker_is_recovered_after_its_lease_with_no_duplicate(
         await doomed.wait()
         survivor = await start_worker(config, batch_id, 2)
         try:
-            await wait_for_batch(shared_ledger, batch_id, {State.ACCEPTED: 20}, seconds=60)
+            await wait_for_batch(ledger_url, batch_id, {State.ACCEPTED: 20}, seconds=60)
         finally:
             assert await stop(survivor) == 0
         keys = [line["idempotency_key"] for line in outbox_lines(outbox)]
         assert len(keys) == len(set(keys)) == 20
 
 
-async def test_sigterm_lets_in_flight_sends_finish_then_exits_cleanly(tmp_path: Path, shared_ledger: str) -> None:
+async def test_sigterm_lets_in_flight_sends_finish_then_exits_cleanly(tmp_path: Path, ledger_url: str) -> None:
     async with running_sandbox(tmp_path, "send_email:*:delay:400") as (url, outbox):
-        config = write_config(tmp_path, shared_ledger, url)
+        config = write_config(tmp_path, ledger_url, url)
         batch_id = plan_batch(tmp_path, config, 30)
         worker = await start_worker(config, batch_id, 3)
         with anyio.fail_after(30):
             while not outbox_lines(outbox):  # noqa: ASYNC110  (another process's file)
                 await anyio.sleep(0.05)
         assert await stop(worker) == 0
-        async with open_ledger(shared_ledger) as ledger:
+        async with open_ledger(ledger_url) as ledger:
             counts = (await ledger.batch_status(batch_id)).counts
         assert State.SENDING not in counts
         assert State.UNKNOWN not in counts
@@ -152,17 +137,17 @@ async def test_sigterm_lets_in_flight_sends_finish_then_exits_cleanly(tmp_path: 
 
 
 async def test_a_send_sigterm_cuts_off_at_the_shutdown_bound_is_recorded_unknown(
-    tmp_path: Path, shared_ledger: str
+    tmp_path: Path, ledger_url: str
 ) -> None:
     async with running_sandbox(tmp_path, "send_email:1:hang_after_accept") as (url, outbox):
-        config = write_config(tmp_path, shared_ledger, url, timeout_seconds=60.0, shutdown_seconds=0.5)
+        config = write_config(tmp_path, ledger_url, url, timeout_seconds=60.0, shutdown_seconds=0.5)
         batch_id = plan_batch(tmp_path, config, 1)
         worker = await start_worker(config, batch_id, 1)
         with anyio.fail_after(30):
             while not outbox_lines(outbox):  # noqa: ASYNC110  (another process's file: Hail has the send)
                 await anyio.sleep(0.05)
         assert await stop(worker) == 0  # long before the upstream's 60 s timeout
-        async with open_ledger(shared_ledger) as ledger:
+        async with open_ledger(ledger_url) as ledger:
             [operation] = await ledger.list_operations(batch_id=batch_id)
             events = await ledger.events(operation.id)
         assert operation.state is State.UNKNOWN  # never `sending` with nobody holding it, never `ready`

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import unicodedata
-from collections.abc import AsyncIterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -214,15 +213,6 @@ def test_a_template_key_is_the_same_as_always() -> None:
 def test_a_resend_key_is_the_same_as_always() -> None:
     assert keys.resend_key("spring:lead001:email:intro") == "spring:lead001:email:intro:resend:1"
     assert keys.resend_key("spring:lead001:email:intro:resend:1") == "spring:lead001:email:intro:resend:2"
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'ledger.db'}"
-        return
-    async with request.getfixturevalue("postgres_server").database() as url:
-        yield url
 
 
 @pytest.mark.parametrize("name", sorted(name for name in GOLDEN if GOLDEN[name][0] != "acquire_number"))  # the
