@@ -24,17 +24,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
-import anyio
-import anyio.lowlevel
 import asyncpg
 
 from hail_guard.errors import HailGuardError, LeaseLost
 from hail_guard.ledger import core, sql
 from hail_guard.ledger.core import LEASE_EXPIRED, PARKED_WEBHOOK_SECONDS, Row
 from hail_guard.ledger.params import Params
+from hail_guard.ledger.turns import Turn, Turns
 from hail_guard.models import Operation
 
 _SQL: Final = sql.statements("postgres")
@@ -44,7 +43,7 @@ RELEASE_SECONDS = 10.0
 
 
 @dataclass(eq=False)
-class Job:
+class Job(Turn):
     """One write waiting for its turn: what it does alone, and how it joins a group."""
 
     alone: Callable[[], Awaitable[Any]]
@@ -52,10 +51,6 @@ class Job:
     """`record_outcome`'s parameters, for an outcome."""
     claim: tuple[Any, ...] | None = None
     """(lease seconds, batch id, hold leads) and the owner, for a claim of one."""
-    result: Any = None
-    error: BaseException | None = None
-    done: bool = False
-    wake: anyio.Event = field(default_factory=anyio.Event)
 
     @property
     def joins(self) -> bool:
@@ -73,33 +68,13 @@ class Job:
         return (operation_id,) if provider_id is None else (operation_id, f"provider:{provider_id}")
 
 
-class GroupCommit:
-    """The queue of send-path writes of one ledger, and the transactions that commit them (module docstring)."""
+class GroupCommit(Turns[Job]):
+    """The queue of send-path writes of one ledger (`turns`), and the transactions that commit them (module
+    docstring)."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
+        super().__init__()
         self._pool = pool
-        self._queue: deque[Job] = deque()
-        self._busy = False
-
-    async def run(self, job: Job) -> Any:
-        self._queue.append(job)
-        with anyio.CancelScope(shield=True):  # once queued it runs and commits: its caller waits to the end
-            while not job.done:
-                if self._busy:
-                    job.wake = anyio.Event()
-                    await job.wake.wait()
-                    continue
-                self._busy = True
-                try:
-                    await self._commit_next()
-                    await anyio.lowlevel.checkpoint()  # the group's callers, answered, queue their next writes now
-                finally:
-                    self._busy = False
-                    if self._queue:
-                        self._queue[0].wake.set()
-        if job.error is not None:
-            raise job.error
-        return job.result
 
     async def _commit_next(self) -> None:
         group = self._take()

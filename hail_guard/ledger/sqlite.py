@@ -24,10 +24,9 @@ import os
 import sqlite3
 import time
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 import aiosqlite
@@ -49,6 +48,7 @@ from hail_guard.ledger.sqlite_file import (
     refuse_empty,
     refuse_network_filesystem,
 )
+from hail_guard.ledger.turns import Turn, Turns
 from hail_guard.models import Intent, Operation, Outcome, State
 from hail_guard.same_send import Candidates, Rules
 
@@ -102,59 +102,21 @@ class _Tx:
 
 
 @dataclass(eq=False)
-class _Job:
+class _Job(Turn):
     """One write waiting for its turn: a send-path function (grouped) or a core work (a transaction alone)."""
 
     grouped: Callable[[sqlite3.Connection], Any] | None = None
     alone: Callable[[_Tx], Any] | None = None
-    result: Any = None
-    error: BaseException | None = None
-    done: bool = False
-    wake: anyio.Event = field(default_factory=anyio.Event)
 
 
-class _Writer:
-    """The one writing connection: jobs in arrival order, one transaction at a time (see the module docstring).
-
-    There is no committing task: the caller that finds the writer idle commits what is queued, its own job
-    and whoever joined, then hands the turn to the next waiter.
-    """
+class _Writer(Turns[_Job]):
+    """The one writing connection: jobs in arrival order, one transaction at a time (`turns`, the module
+    docstring)."""
 
     def __init__(self, db: aiosqlite.Connection) -> None:
+        super().__init__()
         self._db = db
         self._raw: sqlite3.Connection = db._conn  # used only on the connection's own thread (`_on_thread`)
-        self._queue: deque[_Job] = deque()
-        self._busy = False
-        self._quiet = anyio.Event()
-        self._quiet.set()
-
-    async def run(self, job: _Job) -> Any:
-        self._queue.append(job)
-        with anyio.CancelScope(shield=True):  # once queued it runs and commits: its caller waits to the end
-            while not job.done:
-                if self._busy:
-                    job.wake = anyio.Event()
-                    await job.wake.wait()
-                    continue
-                self._busy = True
-                if self._quiet.is_set():  # one event per stretch of work: `drained` waits on it
-                    self._quiet = anyio.Event()
-                try:
-                    await self._commit_next()
-                finally:
-                    self._busy = False
-                    if self._queue:
-                        self._queue[0].wake.set()
-                    else:
-                        self._quiet.set()
-        if job.error is not None:
-            raise job.error
-        return job.result
-
-    async def drained(self) -> None:
-        """Return once every write queued so far is committed (or failed)."""
-        while self._busy or self._queue:
-            await self._quiet.wait()
 
     async def _commit_next(self) -> None:
         if self._queue[0].alone is not None:
