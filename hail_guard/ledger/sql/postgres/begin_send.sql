@@ -67,16 +67,7 @@ DECLARE
     hold_lead text := CASE WHEN p_hold_lead THEN p_lead END;
 BEGIN
     -- Leases run out first (as `expire_leases`), so an expired send under this key is seen `unknown`.
-    WITH picked AS MATERIALIZED (
-        SELECT o.id FROM operations o WHERE o.state = 'sending' AND o.lease_expires_at <= statement_timestamp()
-        FOR UPDATE SKIP LOCKED),
-    expired AS (
-        UPDATE operations o SET state = 'unknown', updated_at = statement_timestamp(),
-            next_check_at = statement_timestamp()
-        FROM picked WHERE o.id = picked.id
-        RETURNING o.id)
-    INSERT INTO events (operation_id, at, from_state, to_state, actor, reason)
-    SELECT expired.id, statement_timestamp(), 'sending', 'unknown', 'ledger', p_expired_reason FROM expired;
+    PERFORM hg_expire_leases(p_expired_reason);
 
     -- The recipients' and the lead's locks, first and in one order: a transaction that holds one never waits for
     -- another one's (the claims only try them), so two sends to one recipient take turns and never deadlock.
